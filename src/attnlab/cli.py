@@ -1,0 +1,155 @@
+"""The ``attnlab`` command line: train, eval, generate, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+from attnlab import __version__
+
+logger = logging.getLogger("attnlab")
+
+
+def builtin_config(name: str) -> Path:
+    """Path of a config shipped with the package (``tiny`` -> ``attnlab/configs/tiny.yaml``)."""
+    return Path(str(resources.files("attnlab") / "configs" / f"{name}.yaml"))
+
+
+def resolve_config_path(value: str) -> Path:
+    path = Path(value)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return path
+    return builtin_config(value)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from attnlab.train import load_run_config, train
+
+    out = Path(args.out)
+    if args.resume:
+        source = args.config or out / "config.yaml"
+        cfg = load_run_config(resolve_config_path(str(source)), args.set)
+    else:
+        if args.config is None:
+            raise SystemExit("error: attnlab train needs --config FILE (or --resume)")
+        cfg = load_run_config(resolve_config_path(args.config), args.set)
+    summary = train(cfg, out, resume=args.resume, progress=not args.quiet)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnlab.config import apply_override, from_dict, to_dict
+    from attnlab.data import DataConfig, load_corpus
+    from attnlab.train.evaluate import evaluate_lm, loss_metrics
+    from attnlab.train.run import load_run
+
+    run = load_run(args.run)
+    data = to_dict(run.cfg.data)
+    for assignment in args.set:
+        apply_override(data, assignment.removeprefix("data."))
+    corpus = load_corpus(from_dict(DataConfig, data, "data"), tokenizer=run.tokenizer)
+    tokens = getattr(corpus, args.split)
+    seq_len = args.seq_len or run.cfg.train.seq_len
+    with torch.no_grad():
+        result = evaluate_lm(run.model, tokens, batch_size=args.batch_size, seq_len=seq_len,
+                             max_tokens=args.max_tokens)
+    bytes_per_token = corpus.n_bytes[args.split] / max(1, len(tokens))
+    report = {"run": str(args.run), "step": run.step, "split": args.split, "seq_len": seq_len,
+              "loss": result["loss"], "tokens": result["tokens"],
+              **loss_metrics(result["loss"], corpus.unit, bytes_per_token)}
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnlab.train.run import load_run
+
+    run = load_run(args.run)
+    ids = run.tokenizer.encode(args.prompt)
+    if not ids:
+        raise SystemExit("error: --prompt encodes to no tokens")
+    generator = torch.Generator().manual_seed(args.seed)
+    out = run.model.generate(
+        torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature,
+        top_k=args.top_k, generator=generator,
+    )
+    print(run.tokenizer.decode(out[0].tolist()))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from attnlab.demo import run_demo
+
+    run_demo(Path(args.out), quiet=args.quiet)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attnlab", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a language model from a YAML config")
+    p.add_argument("--config", help="YAML file, or a built-in name such as 'tiny'")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set train.lr=3e-4 (repeatable)")
+    p.add_argument("--out", required=True, help="run folder to create (or resume)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="evaluate a trained run on held-out text")
+    p.add_argument("--run", required=True, help="run folder written by attnlab train")
+    p.add_argument("--set", action="append", default=[], metavar="data.KEY=VALUE",
+                   help="change the data, e.g. --set data.corpus=wiki (tokenizer stays the run's)")
+    p.add_argument("--split", choices=["valid", "test"], default="test")
+    p.add_argument("--seq-len", type=int, default=None, help="default: the run's train.seq_len")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("generate", help="sample text from a trained run")
+    p.add_argument("--run", required=True)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("demo", help="the main job on built-in data: train and report")
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+    )
+    from attnlab.config import ConfigError
+    from attnlab.train import CheckpointError, RunDirError, TrainingDiverged
+
+    try:
+        return args.func(args)
+    except (ConfigError, RunDirError, CheckpointError, TrainingDiverged, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The three exchangeable parts of an attention layer and the records they pass around.
+
+An attention layer = *projections* (x -> q, k, v and o -> y) + *positions* (how token
+order enters the scores) + *core* (q, k, v -> o). Each part is an ``nn.Module`` registered
+by name (see :mod:`attnlab.layers.parts`), so any compatible combination is one config line.
+
+Tensor layout inside the layer: ``[batch, heads, seq, head_dim]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+Aux = dict[str, Tensor]
+
+
+def merge_aux(*parts: Aux) -> Aux:
+    """Sum auxiliary-loss dicts key by key."""
+    out: Aux = {}
+    for part in parts:
+        for key, value in part.items():
+            out[key] = out[key] + value if key in out else value
+    return out
+
+
+@dataclasses.dataclass
+class Projected:
+    """What a projections part produces for the current tokens.
+
+    q: ``[B, H, T, D]``; k: ``[B, Hk, T, D]``; v: ``[B, Hk, T, Dv]`` (Hk divides H).
+    ``state`` is private to the projections part and handed back to ``output``.
+    """
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    state: Any = None
+    aux: Aux = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class CoreOutput:
+    """o: ``[B, H, Tq, Dv]``; ``state``: the core's own decoding state (None if stateless)."""
+
+    out: Tensor
+    aux: Aux = dataclasses.field(default_factory=dict)
+    state: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerContext:
+    """Shape facts every part is built from."""
+
+    d_model: int
+    n_heads: int
+    d_head: int
+    causal: bool
+    max_seq_len: int
+    layer_idx: int
+    n_layers: int
+    init_scale: float
+
+
+def init_linear_(weight: Tensor, fan_in: int, scale: float) -> None:
+    """N(0, (scale / sqrt(fan_in))^2) initialisation, in place."""
+    with torch.no_grad():
+        weight.normal_(0.0, scale / math.sqrt(fan_in))
+
+
+class Projections(nn.Module):
+    """Turns ``x [B, T, d_model]`` into q, k, v and the attention output back into the model.
+
+    ``score_scale`` is the factor the core applies to ``q k^T``; ``qk_prescale`` is the
+    factor already applied to q and k themselves (position keys must get it too).
+    """
+
+    score_scale: float
+    qk_prescale: float = 1.0
+
+    def project(self, x: Tensor) -> Projected:
+        raise NotImplementedError
+
+    def output(self, o: Tensor, projected: Projected) -> tuple[Tensor, Aux]:
+        """``o [B, H, T, Dv]`` -> ``[B, T, d_model]`` and auxiliary losses."""
+        raise NotImplementedError
+
+
+class Positions(nn.Module):
+    """How positions enter attention. Keys are position-free when cached; this part adds them.
+
+    Queries are the last ``Tq`` of the ``Tk`` key positions (``q_offset = Tk - Tq``).
+    """
+
+    def rotate(self, q: Tensor, k: Tensor, q_offset: int) -> tuple[Tensor, Tensor]:
+        return q, k
+
+    def score_bias(
+        self, q: Tensor, k: Tensor, q_offset: int, scale: float, qk_prescale: float
+    ) -> Tensor | None:
+        """Additive score bias broadcastable to ``[B, H, Tq, Tk]``, already scaled."""
+        return None
+
+
+class AttentionCore(nn.Module):
+    """q ``[B, H, Tq, D]``, k ``[B, Hk, Tk, D]``, v ``[B, Hk, Tk, Dv]`` -> ``CoreOutput``.
+
+    ``key_padding_mask`` is ``[B, Tk]`` bool with True = real key. ``state`` is this core's
+    decoding state from the previous call (None on the first call).
+    """
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        scale: float,
+        key_padding_mask: Tensor | None = None,
+        score_bias: Tensor | None = None,
+        state: Any = None,
+    ) -> CoreOutput:
+        raise NotImplementedError

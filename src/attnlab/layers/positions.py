@@ -1,0 +1,138 @@
+"""Positional schemes: none, learned absolute, rotary (RoPE), Transformer-XL relative."""
+
+from __future__ import annotations
+
+import dataclasses
+import torch
+from torch import Tensor, nn
+
+from attnlab.layers.base import LayerContext, Positions, init_linear_
+from attnlab.layers.registry import POSITIONS, NoOptions
+
+
+class NoPositions(Positions):
+    """No positional information inside attention (causal masking alone orders tokens)."""
+
+
+class LearnedAbsolutePositions(Positions):
+    """A learned table added to the token embeddings once, at the model input (GPT-2 style).
+
+    Registered with the ``input_embedding`` trait: the model owns the table.
+    """
+
+
+@POSITIONS.register("none", NoOptions)
+def _none(ctx: LayerContext, options: NoOptions) -> Positions:
+    """No positional encoding."""
+    return NoPositions()
+
+
+@POSITIONS.register("learned", NoOptions, input_embedding=True)
+def _learned(ctx: LayerContext, options: NoOptions) -> Positions:
+    """Learned absolute position embeddings added at the input."""
+    return LearnedAbsolutePositions()
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeOptions:
+    base: float = 10000.0
+    fraction: float = 1.0  # share of each head's channels that are rotated (SwitchHead: 0.5)
+
+    def validate(self) -> None:
+        if not 0.0 < self.fraction <= 1.0:
+            raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
+        if self.base <= 1.0:
+            raise ValueError(f"base must be > 1, got {self.base}")
+
+
+def rotate_half_split(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
+    """Rotate the first ``2 * len(inv_freq)`` channels of ``x [..., T, D]`` (NeoX layout)."""
+    n_rot = 2 * inv_freq.numel()
+    angles = positions[:, None].to(torch.float32) * inv_freq[None, :]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x_rot, x_pass = x[..., :n_rot], x[..., n_rot:]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return torch.cat((rotated, x_pass), dim=-1)
+
+
+class RotaryPositions(Positions):
+    """RoPE: q at positions ``q_offset + i``, k at ``0..Tk-1`` (relative by construction)."""
+
+    def __init__(self, d_head: int, options: RopeOptions) -> None:
+        super().__init__()
+        n_pairs = int(d_head * options.fraction) // 2
+        if n_pairs < 1:
+            raise ValueError(f"rope fraction {options.fraction} rotates no channel of d_head={d_head}")
+        inv_freq = options.base ** (-torch.arange(n_pairs, dtype=torch.float32) / n_pairs)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def rotate(self, q: Tensor, k: Tensor, q_offset: int) -> tuple[Tensor, Tensor]:
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        q_pos = torch.arange(q_offset, q_offset + t_q, device=q.device)
+        k_pos = torch.arange(t_k, device=k.device)
+        return rotate_half_split(q, q_pos, self.inv_freq), rotate_half_split(k, k_pos, self.inv_freq)
+
+
+@POSITIONS.register("rope", RopeOptions)
+def _rope(ctx: LayerContext, options: RopeOptions) -> Positions:
+    """Rotary position embeddings on q and k."""
+    return RotaryPositions(ctx.d_head, options)
+
+
+@dataclasses.dataclass(frozen=True)
+class XLOptions:
+    content_bias: bool = True  # global u/v biases of Transformer-XL (SwitchHead uses none)
+
+
+def sinusoid(distances: Tensor, dim: int) -> Tensor:
+    """Transformer-XL sinusoidal embedding ``[n, dim]`` of integer distances ``[n]``."""
+    inv_freq = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=distances.device) / dim)
+    angles = distances.to(torch.float32)[:, None] * inv_freq[None, :]
+    return torch.cat((angles.sin(), angles.cos()), dim=-1)[:, :dim]
+
+
+class XLRelativePositions(Positions):
+    """Transformer-XL relative positions: score += (q + v_h) . R(i - j) [+ u_h . k_j].
+
+    R is a learned projection (d_model -> H*d_head) of sinusoidal distance embeddings. Each
+    (query, key) pair gathers its distance's term, so it works with any cache or memory
+    offset and for bidirectional attention (negative distances).
+    """
+
+    def __init__(self, ctx: LayerContext, options: XLOptions) -> None:
+        super().__init__()
+        self.d_model, self.n_heads, self.d_head = ctx.d_model, ctx.n_heads, ctx.d_head
+        self.causal = ctx.causal
+        self.pos_proj = nn.Linear(ctx.d_model, ctx.n_heads * ctx.d_head, bias=False)
+        init_linear_(self.pos_proj.weight, ctx.d_model, ctx.init_scale)
+        if options.content_bias:
+            self.u_bias = nn.Parameter(torch.zeros(ctx.n_heads, ctx.d_head))
+            self.v_bias = nn.Parameter(torch.zeros(ctx.n_heads, ctx.d_head))
+        else:
+            self.u_bias = self.v_bias = None
+
+    def score_bias(
+        self, q: Tensor, k: Tensor, q_offset: int, scale: float, qk_prescale: float
+    ) -> Tensor:
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        lo = 0 if self.causal else -(t_q - 1)  # smallest distance a visible pair can have
+        distances = torch.arange(lo, t_k, device=q.device)
+        r = self.pos_proj(sinusoid(distances, self.d_model).to(q.dtype)) * qk_prescale
+        r = r.view(-1, self.n_heads, self.d_head).transpose(0, 1)  # [H, n_dist, D]
+        q_r = q if self.v_bias is None else q + self.v_bias[None, :, None, :]
+        by_distance = torch.einsum("bhid,hnd->bhin", q_r, r)  # [B, H, Tq, n_dist]
+        rel = torch.arange(t_q, device=q.device)[:, None] + q_offset - torch.arange(t_k, device=q.device)
+        index = (rel - lo).clamp(0, distances.numel() - 1)  # masked pairs may clamp
+        bias = by_distance.gather(-1, index.expand(*by_distance.shape[:2], t_q, t_k))
+        if self.u_bias is not None:
+            kk = k.repeat_interleave(self.n_heads // k.shape[1], dim=1)
+            bias = bias + torch.einsum("hd,bhjd->bhj", self.u_bias, kk)[:, :, None]
+        return bias * scale
+
+
+@POSITIONS.register("xl", XLOptions, score_bias=True)
+def _xl(ctx: LayerContext, options: XLOptions) -> Positions:
+    """Transformer-XL relative positional scores (for use with a memory of past chunks)."""
+    return XLRelativePositions(ctx, options)
+

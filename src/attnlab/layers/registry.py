@@ -1,0 +1,83 @@
+"""Name -> part registries for the composable attention layer and the MLPs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from attnlab.config import ConfigError, PartSpec, closest, from_dict
+
+P = TypeVar("P")
+
+
+@dataclasses.dataclass(frozen=True)
+class NoOptions:
+    """Options dataclass for parts that take none."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry(Generic[P]):
+    name: str
+    factory: Callable[..., P]
+    options: type
+    doc: str
+    traits: dict[str, Any]
+
+
+class Registry(Generic[P]):
+    """Parts of one kind (``projections``, ``positions``, ``core``, ``mlp``), looked up by name.
+
+    Each entry has an options dataclass; ``build`` validates a :class:`PartSpec`'s options
+    against it and calls the factory with ``options=...`` plus the context keyword arguments.
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, Entry[P]] = {}
+
+    def register(
+        self, name: str, options: type = NoOptions, **traits: Any
+    ) -> Callable[[Callable[..., P]], Any]:
+        """Register a factory under ``name``; ``traits`` are capability flags others check."""
+
+        def decorator(factory: Callable[..., P]) -> Callable[..., P]:
+            if name in self._entries:
+                raise ValueError(f"{self.kind} '{name}' is already registered")
+            doc = (factory.__doc__ or "").strip().splitlines()
+            self._entries[name] = Entry(name, factory, options, doc[0] if doc else "", traits)
+            return factory
+
+        return decorator
+
+    def names(self, **traits: Any) -> list[str]:
+        """Registered names, optionally only those whose traits match."""
+        return sorted(
+            n for n, e in self._entries.items()
+            if all(e.traits.get(t) == want for t, want in traits.items())
+        )
+
+    def trait(self, name: str, trait: str, default: Any = False) -> Any:
+        return self.get(name).traits.get(trait, default)
+
+    def get(self, name: str) -> Entry[P]:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise ConfigError(
+                f"unknown {self.kind} '{name}'{closest(name, self.names())}; "
+                f"registered: {self.names()}"
+            ) from None
+
+    def options(self, spec: PartSpec) -> Any:
+        entry = self.get(spec.name)
+        return from_dict(entry.options, spec.options, f"{self.kind}:{spec.name}")
+
+    def build(self, spec: PartSpec, **context: Any) -> P:
+        return self.get(spec.name).factory(options=self.options(spec), **context)
+
+
+PROJECTIONS: Registry[Any] = Registry("projections")
+POSITIONS: Registry[Any] = Registry("positions")
+CORES: Registry[Any] = Registry("core")
+MLPS: Registry[Any] = Registry("mlp")

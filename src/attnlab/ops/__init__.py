@@ -1,0 +1,4 @@
+"""Stateless functional ops. Attention ops take ``[batch, heads, seq, head_dim]`` tensors.
+
+Every op folder has a ``naive`` reference that the fast paths are tested against.
+"""

@@ -1,0 +1,46 @@
+"""Which (query, key) pairs may attend: causal structure plus key padding."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def allowed_keys(
+    t_q: int,
+    t_k: int,
+    *,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+    device: torch.device,
+) -> Tensor | None:
+    """Boolean mask of allowed pairs, True = may attend, or None when all pairs are allowed.
+
+    Queries are the *last* ``t_q`` of the ``t_k`` key positions (bottom-right alignment, the
+    convention for a KV cache or Transformer-XL memory): query ``i`` sits at key position
+    ``t_k - t_q + i`` and, when causal, sees keys ``j <= t_k - t_q + i``.
+
+    Args:
+        key_padding_mask: ``[B, t_k]`` bool, True = real key, False = padding.
+    Returns:
+        ``[B or 1, 1, t_q, t_k]`` bool, or None.
+    """
+    mask = None
+    if causal:
+        offset = t_k - t_q
+        q_pos = torch.arange(t_q, device=device)[:, None] + offset
+        mask = (torch.arange(t_k, device=device)[None, :] <= q_pos)[None, None]
+    if key_padding_mask is not None:
+        pad = key_padding_mask[:, None, None, :]
+        mask = pad if mask is None else mask & pad
+    return mask
+
+
+def expand_kv_heads(x: Tensor, n_heads: int) -> Tensor:
+    """Repeat ``[B, Hk, T, D]`` key/value heads to ``[B, n_heads, T, D]`` (grouped-query)."""
+    h_kv = x.shape[1]
+    if h_kv == n_heads:
+        return x
+    if n_heads % h_kv:
+        raise ValueError(f"{n_heads} query heads are not a multiple of {h_kv} key/value heads")
+    return x.repeat_interleave(n_heads // h_kv, dim=1)

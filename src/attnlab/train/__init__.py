@@ -1,0 +1,17 @@
+"""Training: run config, the loop, checkpoints and evaluation."""
+
+from attnlab.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from attnlab.train.config import RunConfig, TrainConfig, load_run_config
+from attnlab.train.loop import RunDirError, TrainingDiverged, train
+
+__all__ = [
+    "CheckpointError",
+    "RunConfig",
+    "RunDirError",
+    "TrainConfig",
+    "TrainingDiverged",
+    "load_checkpoint",
+    "load_run_config",
+    "save_checkpoint",
+    "train",
+]

@@ -1,0 +1,1 @@
+"""Small shared helpers (numerics for tests, atomic file writes, logging)."""

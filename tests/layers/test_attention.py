@@ -1,0 +1,160 @@
+import pytest
+import torch
+
+from attnlab.config import ConfigError
+from attnlab.layers import CORES, Attention, AttentionConfig, CoreOutput, LayerContext
+from attnlab.layers.cores import SoftmaxCore
+from attnlab.ops.attention import softmax_attention
+
+POSITIONS = ["none", "learned", "rope", "xl"]
+
+
+def make_layer(positions="rope", core="sdpa", causal=True, projections="dense", n_heads=4):
+    ctx = LayerContext(d_model=32, n_heads=n_heads, d_head=8, causal=causal, max_seq_len=64,
+                       layer_idx=0, n_layers=2, init_scale=1.0)
+    cfg = AttentionConfig(n_heads=n_heads, d_head=8, projections=projections,
+                          positions=positions, core=core)
+    return Attention(ctx, cfg).double().eval()
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_sdpa_core_equals_eager_reference(positions, causal):
+    layer = make_layer(positions, "sdpa", causal)
+    ref = make_layer(positions, "eager", causal)
+    ref.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, :3] = False
+    for m in (None, mask):
+        out, expected = layer(x, key_padding_mask=m).hidden, ref(x, key_padding_mask=m).hidden
+        torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+@pytest.mark.parametrize("core", ["sdpa", "eager"])
+def test_cached_decoding_equals_full_pass(positions, core):
+    layer = make_layer(positions, core)
+    x = torch.randn(2, 12, 32, dtype=torch.float64)
+    full = layer(x).hidden
+    prefix = layer(x[:, :7], use_cache=True)
+    pieces, cache = [prefix.hidden], prefix.cache
+    for t in range(7, 12):  # then one token at a time
+        step = layer(x[:, t : t + 1], cache=cache, use_cache=True)
+        pieces.append(step.hidden)
+        cache = step.cache
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=0, atol=1e-5)
+    assert (torch.cat(pieces, dim=1) - full).abs().max() < 1e-12
+    assert cache.length == 12
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_causality_future_tokens_do_not_change_the_past(positions):
+    layer = make_layer(positions)
+    x = torch.randn(1, 10, 32, dtype=torch.float64)
+    y = x.clone()
+    y[:, 6:] = torch.randn(1, 4, 32, dtype=torch.float64)
+    a, b = layer(x).hidden, layer(y).hidden
+    torch.testing.assert_close(a[:, :6], b[:, :6], rtol=0, atol=1e-12)
+    assert (a[:, 6:] - b[:, 6:]).abs().max() > 1e-3  # and the future did change
+
+
+def test_padded_keys_do_not_influence_real_tokens():
+    layer = make_layer("rope", causal=False)
+    x = torch.randn(2, 8, 32, dtype=torch.float64)
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    mask[:, 5:] = False
+    y = x.clone()
+    y[:, 5:] = 100 * torch.randn(2, 3, 32, dtype=torch.float64)
+    a = layer(x, key_padding_mask=mask).hidden
+    b = layer(y, key_padding_mask=mask).hidden
+    torch.testing.assert_close(a[:, :5], b[:, :5], rtol=0, atol=1e-12)
+
+
+def test_fully_masked_query_rows_are_finite():
+    layer = make_layer("rope")
+    x = torch.randn(1, 4, 32, dtype=torch.float64)
+    mask = torch.tensor([[False, False, True, True]])
+    out = layer(x, key_padding_mask=mask).hidden
+    assert torch.isfinite(out).all()
+
+
+def test_grouped_query_projection_matches_repeated_heads():
+    layer = make_layer(projections={"name": "dense", "n_kv_heads": 2})
+    assert layer.projections.k_proj.out_features == 2 * 8
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    p = layer.projections.project(x)
+    assert p.k.shape == (2, 2, 6, 8) and p.q.shape == (2, 4, 6, 8)
+    out = layer(x).hidden
+    k = p.k.repeat_interleave(2, dim=1)
+    v = p.v.repeat_interleave(2, dim=1)
+    q, k = layer.positions.rotate(p.q, k, 0)
+    o = softmax_attention(q, k, v, scale=8**-0.5, causal=True)
+    expected, _ = layer.projections.output(o, p)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_xl_relative_scores_depend_only_on_distance():
+    layer = make_layer("xl", "eager")
+    q = torch.randn(1, 4, 3, 8, dtype=torch.float64).expand(1, 4, 3, 8)
+    q = q[:, :, :1].expand(1, 4, 3, 8)  # the same query at three positions
+    k = torch.zeros(1, 4, 5, 8, dtype=torch.float64)
+    bias = layer.positions.score_bias(q, k, q_offset=2, scale=1.0, qk_prescale=1.0)
+    # query i sits at position 2+i; pairs with equal distance share the same bias
+    assert torch.allclose(bias[..., 0, 0], bias[..., 1, 1])
+    assert torch.allclose(bias[..., 1, 0], bias[..., 2, 1])
+    assert not torch.allclose(bias[..., 0, 0], bias[..., 0, 1])
+
+
+@pytest.mark.parametrize(
+    "bad, error, match",
+    [
+        (lambda: torch.randn(2, 5, 31, dtype=torch.float64), ValueError, "d_model=32"),
+        (lambda: torch.randn(2, 5, dtype=torch.float64), ValueError, r"\[batch, seq, d_model"),
+        (lambda: torch.ones(2, 5, 32, dtype=torch.long), TypeError, "floating-point"),
+    ],
+    ids=["wrong-width", "2d", "int"],
+)
+def test_bad_inputs_are_rejected(bad, error, match):
+    with pytest.raises(error, match=match):
+        make_layer()(bad())
+
+
+def test_bad_masks_are_rejected():
+    layer = make_layer()
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"key_padding_mask must be \[batch=2, 5\]"):
+        layer(x, key_padding_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match="must be bool"):
+        layer(x, key_padding_mask=torch.ones(2, 5))
+
+
+def test_unknown_part_lists_registered_names():
+    with pytest.raises(ConfigError, match=r"unknown core 'sdap' \(did you mean 'sdpa'\?\).*eager"):
+        AttentionConfig(core="sdap")
+    with pytest.raises(ConfigError, match="unknown config key 'positions:rope.fractoin'"):
+        AttentionConfig(positions={"name": "rope", "fractoin": 0.5})
+    with pytest.raises(ConfigError, match="fraction must be in"):
+        AttentionConfig(positions={"name": "rope", "fraction": 1.5})
+
+
+@pytest.fixture
+def core_without_score_bias():
+    @CORES.register("test-no-bias")
+    def _factory(ctx, options, dropout):
+        """A core that cannot take a score bias."""
+        return SoftmaxCore(ctx, dropout, softmax_attention)
+
+    yield "test-no-bias"
+    del CORES._entries["test-no-bias"]
+
+
+def test_incompatible_combination_is_rejected(core_without_score_bias):
+    with pytest.raises(ConfigError, match="positions 'xl' adds a score bias.*cores that can"):
+        AttentionConfig(positions="xl", core=core_without_score_bias)
+    AttentionConfig(positions="rope", core=core_without_score_bias)  # fine without bias
+
+
+def test_core_output_record_defaults():
+    out = CoreOutput(torch.zeros(1))
+    assert out.aux == {} and out.state is None
