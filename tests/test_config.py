@@ -5,7 +5,7 @@ from attnlab.train.config import RunConfig, load_run_config
 
 
 def test_unknown_key_names_the_closest_valid_one():
-    with pytest.raises(ConfigError, match=r"unknown config key 'train.lrr' \(did you mean 'lr'\?\)"):
+    with pytest.raises(ConfigError, match=r"key 'train.lrr' \(did you mean 'lr'\?\)"):
         load_run_config(base={"train": {"lrr": 0.1}})
     with pytest.raises(ConfigError, match=r"'model.attention.n_head' \(did you mean 'n_heads'"):
         load_run_config(base={"model": {"attention": {"n_head": 2}}})

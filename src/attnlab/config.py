@@ -44,7 +44,9 @@ class PartSpec:
             return cls(value)
         if isinstance(value, Mapping):
             if "name" not in value:
-                raise ConfigError(f"{where}: a mapping needs a 'name' key, got keys {sorted(value)}")
+                raise ConfigError(
+                    f"{where}: a mapping needs a 'name' key, got keys {sorted(value)}"
+                )
             options = {k: v for k, v in value.items() if k != "name"}
             return cls(str(value["name"]), options)
         raise ConfigError(f"{where}: expected a name or a mapping with 'name', got {value!r}")

@@ -20,8 +20,7 @@ from attnlab.train import (
 )
 from attnlab.train.checkpoint import latest_checkpoint
 from attnlab.train.loop import lr_at
-
-from .conftest import dump
+from tests.helpers import dump_config
 
 
 def test_run_writes_its_files_and_learns(tiny_run_config, tmp_path):
@@ -120,7 +119,7 @@ def test_sigkill_then_resume_reaches_the_uninterrupted_result(tiny_run_config, t
     cfg = tiny_run_config(steps=150, ckpt_every=20, eval_every=50)
     cfg["model"].update(memory_len=32, dropout=0.1, d_model=64)
     cfg["model"]["attention"]["positions"] = "xl"
-    config_path = dump(cfg, tmp_path / "cfg.yaml")
+    config_path = dump_config(cfg, tmp_path / "cfg.yaml")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     reference = tmp_path / "reference"

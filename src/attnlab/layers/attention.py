@@ -126,7 +126,8 @@ class Attention(nn.Module):
             mask = torch.ones(batch, t_new, dtype=torch.bool, device=cached.device)
         if mask.dtype != torch.bool:
             raise TypeError(f"key_padding_mask must be bool (True = real token), got {mask.dtype}")
-        if mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] not in (t_new, t_cached + t_new):
+        lengths = (t_new, t_cached + t_new)
+        if mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] not in lengths:
             raise ValueError(
                 f"key_padding_mask must be [batch={batch}, {t_new}] or "
                 f"[batch={batch}, {t_cached + t_new}] (cached + current), got {tuple(mask.shape)}"

@@ -27,7 +27,9 @@ class DenseMLPOptions:
 
     def validate(self) -> None:
         if self.activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {self.activation!r}; choices: {sorted(ACTIVATIONS)}")
+            raise ValueError(
+                f"unknown activation {self.activation!r}; choices: {sorted(ACTIVATIONS)}"
+            )
 
 
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+
 import torch
 from torch import Tensor, nn
 
@@ -63,7 +64,9 @@ class RotaryPositions(Positions):
         super().__init__()
         n_pairs = int(d_head * options.fraction) // 2
         if n_pairs < 1:
-            raise ValueError(f"rope fraction {options.fraction} rotates no channel of d_head={d_head}")
+            raise ValueError(
+                f"rope fraction {options.fraction} rotates no channel of d_head={d_head}"
+            )
         inv_freq = options.base ** (-torch.arange(n_pairs, dtype=torch.float32) / n_pairs)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
@@ -71,7 +74,8 @@ class RotaryPositions(Positions):
         t_q, t_k = q.shape[-2], k.shape[-2]
         q_pos = torch.arange(q_offset, q_offset + t_q, device=q.device)
         k_pos = torch.arange(t_k, device=k.device)
-        return rotate_half_split(q, q_pos, self.inv_freq), rotate_half_split(k, k_pos, self.inv_freq)
+        inv_freq = self.inv_freq
+        return rotate_half_split(q, q_pos, inv_freq), rotate_half_split(k, k_pos, inv_freq)
 
 
 @POSITIONS.register("rope", RopeOptions)
@@ -87,7 +91,8 @@ class XLOptions:
 
 def sinusoid(distances: Tensor, dim: int) -> Tensor:
     """Transformer-XL sinusoidal embedding ``[n, dim]`` of integer distances ``[n]``."""
-    inv_freq = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=distances.device) / dim)
+    channels = torch.arange(0, dim, 2, dtype=torch.float32, device=distances.device)
+    inv_freq = 10000.0 ** (-channels / dim)
     angles = distances.to(torch.float32)[:, None] * inv_freq[None, :]
     return torch.cat((angles.sin(), angles.cos()), dim=-1)[:, :dim]
 
@@ -122,7 +127,8 @@ class XLRelativePositions(Positions):
         r = r.view(-1, self.n_heads, self.d_head).transpose(0, 1)  # [H, n_dist, D]
         q_r = q if self.v_bias is None else q + self.v_bias[None, :, None, :]
         by_distance = torch.einsum("bhid,hnd->bhin", q_r, r)  # [B, H, Tq, n_dist]
-        rel = torch.arange(t_q, device=q.device)[:, None] + q_offset - torch.arange(t_k, device=q.device)
+        q_pos = torch.arange(t_q, device=q.device)[:, None] + q_offset
+        rel = q_pos - torch.arange(t_k, device=q.device)
         index = (rel - lo).clamp(0, distances.numel() - 1)  # masked pairs may clamp
         bias = by_distance.gather(-1, index.expand(*by_distance.shape[:2], t_q, t_k))
         if self.u_bias is not None:

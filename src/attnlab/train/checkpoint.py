@@ -112,7 +112,9 @@ def load_checkpoint_at(
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{path / 'meta.json'} is corrupt: {err}") from err
     if meta.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format {meta.get('format')} is not {FORMAT_VERSION}")
+        raise CheckpointError(
+            f"{path}: checkpoint format {meta.get('format')} is not {FORMAT_VERSION}"
+        )
     try:
         missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False,
                                          device=str(map_location))

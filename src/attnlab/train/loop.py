@@ -21,7 +21,13 @@ import torch
 from tqdm import tqdm
 
 from attnlab.config import dump_yaml
-from attnlab.data import SequentialBatches, TokenizedCorpus, load_corpus, load_tokenizer, random_batch
+from attnlab.data import (
+    SequentialBatches,
+    TokenizedCorpus,
+    load_corpus,
+    load_tokenizer,
+    random_batch,
+)
 from attnlab.models import DecoderLM, ModelCache
 from attnlab.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from attnlab.train.config import RunConfig
@@ -104,7 +110,9 @@ class MetricsLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as err:
-                raise ImportError("train.tensorboard needs: pip install 'attnlab[tensorboard]'") from err
+                raise ImportError(
+                    "train.tensorboard needs: pip install 'attnlab[tensorboard]'"
+                ) from err
             self.writer = SummaryWriter(str(out_dir / "tensorboard"))
 
     def write(self, record: dict[str, Any]) -> None:
@@ -165,7 +173,9 @@ def train(
         logger.info("resumed from %s", ckpt.path)
     metrics = MetricsLog(out_dir, step if resume else None, t.tensorboard)
 
-    sequential = SequentialBatches(corpus.train, t.batch_size, t.seq_len) if cfg.sequential else None
+    sequential = None
+    if cfg.sequential:
+        sequential = SequentialBatches(corpus.train, t.batch_size, t.seq_len)
 
     def batch(index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if sequential is not None:

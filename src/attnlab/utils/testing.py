@@ -31,4 +31,6 @@ def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, ratio: float) 
     err = rel_rms_error(ref, out)
     logger.info("%s: max-abs %.3g, rel-rms %.3g (limit %.3g)", name, max_abs, err, ratio)
     if err > ratio:
-        raise AssertionError(f"{name}: rel-rms error {err:.3g} > {ratio:.3g} (max-abs {max_abs:.3g})")
+        raise AssertionError(
+            f"{name}: rel-rms error {err:.3g} > {ratio:.3g} (max-abs {max_abs:.3g})"
+        )

@@ -1,0 +1,185 @@
+"""Performer (FAVOR+) linear attention: kv sums (bidirectional) or chunked prefix sums (causal).
+
+Causal stabiliser. The FAVOR+ key features need a stabiliser ``c`` (``exp(logit - c)``) that
+is the same for every key a query sums over, otherwise the estimate is biased; the usual
+global max over all keys would make early outputs depend (numerically) on future tokens. The
+causal path instead gives key ``j`` the running max ``M_j = max_{j' <= j} max_r logit_{j'r}``
+and rescales exactly: query ``i`` weights key ``j <= i`` by ``phi_j * exp(M_j - M_i)``, i.e.
+every key seen by query ``i`` is referred to the common stabiliser ``M_i``. All exponents are
+``<= 0`` (no overflow), ``M`` only depends on past keys, and the carried state is kept relative
+to the stabiliser of the last key processed (online-softmax style rescaling). Changing a
+future token therefore leaves earlier outputs bitwise unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from attnlab.ops.performer.features import (
+    check_kernel,
+    feature_map,
+    safe_ratio,
+    scaled_qk,
+    softmax_feature_logits,
+)
+
+
+class PerformerState(NamedTuple):
+    """Causal decoding state after the tokens processed so far.
+
+    ``kv``: ``[B, Hk, m, Dv]`` sum of ``phi(k_j) v_j^T``; ``k_sum``: ``[B, Hk, m]`` sum of
+    ``phi(k_j)``; ``stabiliser``: ``[B, Hk]`` log-scale both sums are relative to (the running
+    key stabiliser of the softmax kernel; constant 0 for the ReLU kernel). ``Hk`` is the number
+    of key/value heads.
+    """
+
+    kv: Tensor
+    k_sum: Tensor
+    stabiliser: Tensor
+
+
+def _initial_state(phi_q: Tensor, dim_v: int, kernel: str, n_kv: int) -> PerformerState:
+    b, m = phi_q.shape[0], phi_q.shape[-1]
+    start = torch.finfo(phi_q.dtype).min if kernel == "softmax" else 0.0
+    return PerformerState(
+        phi_q.new_zeros(b, n_kv, m, dim_v),
+        phi_q.new_zeros(b, n_kv, m),
+        phi_q.new_full((b, n_kv), start),
+    )
+
+
+def _causal_key_features(
+    ks: Tensor, proj: Tensor, valid: Tensor | None, state_stab: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Key features with the running-max stabiliser: ``(phi_k [B,Hk,T,m], M [B,Hk,T])``."""
+    logits = softmax_feature_logits(ks, proj)
+    row_max = logits.detach().amax(-1)
+    if valid is not None:
+        row_max = row_max.masked_fill(~valid, torch.finfo(logits.dtype).min)
+    running = torch.maximum(torch.cummax(row_max, dim=-1).values, state_stab.unsqueeze(-1))
+    shifted = logits - running.unsqueeze(-1)
+    if valid is not None:
+        shifted = shifted.masked_fill(~valid.unsqueeze(-1), float("-inf"))
+    return torch.exp(shifted) / proj.shape[0] ** 0.5, running
+
+
+def _causal_chunked(
+    phi_q: Tensor,
+    phi_k: Tensor,
+    v: Tensor,
+    running: Tensor,
+    state: PerformerState,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor, PerformerState]:
+    """Causal numerator ``[B,Hk,G,T,Dv]`` and denominator ``[B,Hk,G,T]``, chunk by chunk.
+
+    Inside a chunk a ``chunk x chunk`` masked product; across chunks the carried ``state``.
+    ``running`` ``[B,Hk,T]`` is the log-scale each key's features are relative to.
+    """
+    kv, k_sum, stab = state
+    nums, dens = [], []
+    for start in range(0, phi_k.shape[-2], chunk_size):
+        sl = slice(start, start + chunk_size)
+        fq, fk, vc, mc = phi_q[..., sl, :], phi_k[:, :, sl], v[:, :, sl], running[:, :, sl]
+        tril = torch.ones(fk.shape[-2], fk.shape[-2], dtype=torch.bool, device=fk.device).tril()
+        # decay[i, j] = exp(M_j - M_i) refers key j to query i's scale; 0 for future keys
+        decay = torch.exp((mc.unsqueeze(-2) - mc.unsqueeze(-1)).masked_fill(~tril, -torch.inf))
+        carry = torch.exp(stab.unsqueeze(-1) - mc).unsqueeze(2)  # state -> M_i: [B,Hk,1,c]
+        scores = torch.einsum("bhgim,bhjm->bhgij", fq, fk) * decay.unsqueeze(2)
+        nums.append(
+            scores @ vc.unsqueeze(2)
+            + carry.unsqueeze(-1) * torch.einsum("bhgim,bhmd->bhgid", fq, kv)
+        )
+        dens.append(scores.sum(-1) + carry * torch.einsum("bhgim,bhm->bhgi", fq, k_sum))
+        # carry everything over relative to the chunk's last key scale
+        last = mc[..., -1]
+        fk_last = fk * torch.exp(mc - last.unsqueeze(-1)).unsqueeze(-1)
+        shrink = torch.exp(stab - last)
+        kv = kv * shrink[..., None, None] + fk_last.transpose(-1, -2) @ vc
+        k_sum = k_sum * shrink.unsqueeze(-1) + fk_last.sum(-2)
+        stab = last
+    return torch.cat(nums, dim=-2), torch.cat(dens, dim=-1), PerformerState(kv, k_sum, stab)
+
+
+def performer_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    proj: Tensor,
+    *,
+    kernel: str = "softmax",
+    causal: bool,
+    scale: float | None = None,
+    key_padding_mask: Tensor | None = None,
+    chunk_size: int = 128,
+    state: PerformerState | None = None,
+    return_state: bool = False,
+) -> Tensor | tuple[Tensor, PerformerState]:
+    """Performer linear attention ``phi(q) sum_j phi(k_j) v_j^T / phi(q) sum_j phi(k_j)``.
+
+    * ``causal=False``: the kv sums over all keys, O(T m Dv) time, O(m Dv) extra memory.
+    * ``causal=True``: chunked prefix sums. Each chunk of ``chunk_size`` queries takes a
+      ``chunk x chunk`` masked product with its own keys plus the carried state from earlier
+      chunks, so memory is linear in T (no per-token ``m x Dv`` prefix tensor). With ``state``
+      the call continues a sequence: feeding tokens in any split (e.g. one at a time) gives the
+      same outputs as one full pass.
+
+    Everything runs in at least float32 (the feature maps, sums and division); the output is
+    cast back to ``q.dtype``.
+
+    Args:
+        q: ``[B, H, T, D]``; k: ``[B, Hk, T, D]``; v: ``[B, Hk, T, Dv]`` (``Hk`` divides ``H``;
+            query head ``h`` uses key/value head ``h // (H // Hk)``). Non-causal attention
+            allows ``Tq != Tk``; causal needs ``Tq == Tk`` (the new tokens; earlier ones are in
+            ``state``).
+        proj: ``[m, D]`` random features, e.g. :func:`orthogonal_gaussian`.
+        kernel: ``"softmax"`` (FAVOR+ positive features, estimates softmax attention) or
+            ``"relu"`` (generalised kernel ``ReLU(x W^T) + 1e-3``).
+        scale: the kernel estimates ``exp(scale * q . k)``; default ``D^-0.5``. Applied as
+            ``sqrt(scale)`` on both q and k before the feature map.
+        key_padding_mask: ``[B, Tk]`` bool, True = real key, False = padding (contributes
+            nothing).
+        chunk_size: causal chunk length.
+        state: causal only: the :class:`PerformerState` returned by the previous call.
+        return_state: causal only: also return the state after these tokens.
+    Returns:
+        ``[B, H, Tq, Dv]`` in ``q.dtype`` (and the new state when ``return_state``). A query
+        with no visible key (zero denominator) outputs zeros; see :func:`safe_ratio`.
+    """
+    check_kernel(kernel)
+    b, n_heads, t_q, dim = q.shape
+    hk, t_k = k.shape[1], k.shape[-2]
+    if n_heads % hk or v.shape[1] != hk or v.shape[-2] != t_k or k.shape[-1] != dim:
+        raise ValueError(
+            f"inconsistent shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if not causal and (state is not None or return_state):
+        raise ValueError("state / return_state are only meaningful for causal attention")
+    if causal and t_q != t_k:
+        raise ValueError(f"causal Performer needs Tq == Tk, got {t_q} and {t_k}")
+    groups = n_heads // hk
+    qs, ks = scaled_qk(q, k, scale)
+    qs = qs.view(b, hk, groups, t_q, dim)
+    vs = v.to(qs.dtype)
+    valid = None if key_padding_mask is None else key_padding_mask[:, None, :].expand(b, hk, t_k)
+    phi_q = feature_map(qs, proj, kernel, is_query=True)
+    if causal:
+        if state is None:
+            state = _initial_state(phi_q, v.shape[-1], kernel, hk)
+        if kernel == "softmax":
+            phi_k, running = _causal_key_features(ks, proj, valid, state.stabiliser)
+        else:
+            phi_k = feature_map(ks, proj, kernel, is_query=False, valid=valid)
+            running = state.stabiliser.unsqueeze(-1).expand(b, hk, t_k)
+        num, den, state = _causal_chunked(phi_q, phi_k, vs, running, state, chunk_size)
+    else:
+        phi_k = feature_map(ks, proj, kernel, is_query=False, valid=valid)
+        num = torch.einsum("bhgim,bhmd->bhgid", phi_q, phi_k.transpose(-1, -2) @ vs)
+        den = torch.einsum("bhgim,bhm->bhgi", phi_q, phi_k.sum(-2))
+    out = safe_ratio(num, den).reshape(b, n_heads, t_q, v.shape[-1]).to(q.dtype)
+    return (out, state) if return_state else out
