@@ -1,13 +1,17 @@
-"""Crash-safe file writes: write a temporary file, fsync it, rename it over the target."""
+"""Crash-safe file writes: write a temporary file, fsync it, rename it over the target.
+
+A killed process leaves either the old file or the complete new one, never a partial file.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -19,30 +23,34 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp_path)`` then atomically move the fsynced result to ``path``.
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A binary file handle whose content replaces ``path`` only once complete.
 
-    A crash at any moment leaves either the old file or the complete new one, never a
-    partial file.
+    On success the temporary file is fsynced and ``os.replace``-d onto ``path``; on error it is
+    deleted. Concurrent writers do not collide.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        write(tmp_path)
-        with open(tmp_path, "rb+") as fh:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp_path, path)
-        fsync_dir(path.parent)
-    finally:
-        tmp_path.unlink(missing_ok=True)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text))
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_writer(path) as fh:
+        fh.write(text.encode("utf-8"))
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
