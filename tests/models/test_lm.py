@@ -129,3 +129,5 @@ def test_bad_model_configs():
         ModelConfig(d_model=30, attention={"n_heads": 4}).validate()
     with pytest.raises(ValueError, match="memory_len"):
         ModelConfig(max_seq_len=16, memory_len=16).validate()
+    with pytest.raises(ValueError, match="core 'reformer' cannot attend to Transformer-XL memory"):
+        ModelConfig(memory_len=8, attention={"core": "reformer"}).validate()

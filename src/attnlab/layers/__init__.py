@@ -4,7 +4,14 @@ Importing this package registers the built-in parts; see ``PROJECTIONS``, ``POSI
 ``CORES`` and ``MLPS`` for what is available.
 """
 
-from attnlab.layers import cores, mlp, positions, projections  # noqa: F401  (registration)
+from attnlab.layers import (  # noqa: F401  (registration)
+    cores,
+    mlp,
+    performer,
+    positions,
+    projections,
+    reformer,
+)
 from attnlab.layers.attention import Attention, AttentionConfig, AttentionOutput, LayerCache
 from attnlab.layers.base import (
     AttentionCore,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from attnlab.config import PartSpec
-from attnlab.layers import MLPS, AttentionConfig
+from attnlab.layers import CORES, MLPS, AttentionConfig
 
 
 @dataclasses.dataclass
@@ -62,4 +62,10 @@ class ModelConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        core = self.attention.core.name
+        if self.memory_len and not CORES.trait(core, "memory", default=True):
+            raise ValueError(
+                f"core '{core}' cannot attend to Transformer-XL memory (memory_len > 0); "
+                f"cores that can: {[n for n in CORES.names() if CORES.trait(n, 'memory', True)]}"
+            )
         MLPS.options(self.mlp)

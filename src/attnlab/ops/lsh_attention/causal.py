@@ -18,10 +18,12 @@ Layout. Every bucket's positions are laid out in rank order in *slots*, each buc
 multiple of ``bucket_size`` slots, so slot-chunk ``c`` holds one bucket-chunk and its queries
 attend to slot-chunks ``c - 1`` and ``c``. A query's row of ``2 * bucket_size`` slots therefore
 holds the same keys at the same offsets whatever the future tokens are (future keys only fill
-masked slots), which makes earlier outputs bitwise independent of later tokens. The slot count
-is bounded statically (:func:`causal_slot_count`: at most ``T + min(n_buckets, T) *
-(bucket_size - 1)``, about ``2 T`` for the default bucket count), so cost and memory are linear
-in ``T``: ``O(n_hashes * T * bucket_size)``.
+masked slots), which makes earlier outputs bitwise independent of later tokens (given a matmul
+that computes each output element on its own, as CPU BLAS does). Key padding has a bucket of
+its own (see :func:`hash_buckets`). The slot count is bounded statically
+(:func:`causal_slot_count`: at most ``T + min(n_buckets + 1, T) * (bucket_size - 1)``, about
+``2 T`` for the default bucket count), so cost and memory are linear in ``T``:
+``O(n_hashes * T * bucket_size)``.
 """
 
 from __future__ import annotations
@@ -125,14 +127,15 @@ def causal_lsh_attention(x: LshInputs, bucket_size: int) -> Tensor:
     ``x.q`` ``[B, H, Tq, D]`` are the queries of the last ``Tq`` of the ``Tk`` key positions.
     With ``Tq == Tk`` (a full pass) every slot-chunk's queries attend to its window at once; with
     fewer queries (decoding with a cache) each query gathers its own window, so a decoding step
-    costs ``O(Tk log Tk)`` for the hashes and layout plus ``O(Tq * bucket_size)`` attention.
+    costs ``O(Tk)`` hashing and an ``O(Tk log Tk)`` sort for the layout, plus
+    ``O(Tq * bucket_size)`` attention.
 
     Returns:
         ``[B, H, Tq, Dv]`` in the compute dtype.
     """
     t_q, t_k = x.q.shape[-2], x.k.shape[-2]
-    buckets = hash_buckets(x.k, x.rotations)  # [B, H, R, Tk]
-    slot_pos, slot_of = causal_slot_layout(buckets, 2 * x.rotations.shape[-1], bucket_size)
+    buckets = hash_buckets(x.k, x.rotations, x.key_ok)  # [B, H, R, Tk], padding: n_buckets
+    slot_pos, slot_of = causal_slot_layout(buckets, 2 * x.rotations.shape[-1] + 1, bucket_size)
     # window c = slot-chunks c - 1 and c: [B, H, R, n_chunks, 2 * bucket_size]
     windows = F.pad(slot_pos, (bucket_size, 0), value=-1).unfold(-1, 2 * bucket_size, bucket_size)
     if t_q == t_k:
@@ -142,8 +145,7 @@ def causal_lsh_attention(x: LshInputs, bucket_size: int) -> Tensor:
     else:
         offset = t_k - t_q
         chunk = slot_of[..., offset:] // bucket_size  # [B, H, R, Tq]
-        own = windows.gather(3, chunk.unsqueeze(-1).expand(*chunk.shape, windows.shape[-1]))
         q_pos = torch.arange(offset, t_k, device=chunk.device).expand_as(chunk).unsqueeze(-1)
-        out, lse = _attend(x, buckets, q_pos, own, offset)
+        out, lse = _attend(x, buckets, q_pos, _take(windows, chunk), offset)
         out, lse = out.squeeze(-2), lse.squeeze(-1)
     return combine_rounds(out, lse)

@@ -55,8 +55,9 @@ def lsh_attention(
       the ``Tk`` key positions (decoding with a cache).
 
     Masks use original positions: causal, key padding, and self-attention only as a last
-    resort (logit :data:`SELF_LOGIT`). Rounds are combined by their log-sum-exp weights (a key
-    found in several rounds is not de-duplicated).
+    resort (logit :data:`SELF_LOGIT`). Padding positions hash to a bucket of their own, so
+    real outputs do not depend on padded tokens in any way. Rounds are
+    combined by their log-sum-exp weights (a key found in several rounds is not de-duplicated).
 
     Shared QK: hashing and scores use the *normalised keys*; pass ``k = q`` (the shared
     projection) for Reformer. Position ``i``'s query is bucketed with key ``i``.
@@ -74,8 +75,8 @@ def lsh_attention(
         key_padding_mask: ``[B, Tk]`` bool, True = real key.
         scale: multiplies ``q . k_normalised``; default ``D^-0.5``.
     Returns:
-        ``[B, H, Tq, Dv]`` in ``q.dtype``; a query with no allowed key (only possible when its own
-        position is padding) outputs zeros.
+        ``[B, H, Tq, Dv]`` in ``q.dtype``; a query with no allowed key (a padding position)
+        outputs zeros.
     """
     x = prepare_inputs(
         q, k, v, n_hashes=n_hashes, bucket_size=bucket_size,
@@ -87,7 +88,7 @@ def lsh_attention(
     b, n_heads, t, _ = q.shape
     if k.shape[-2] != t:
         raise ValueError(f"bidirectional LSH attention needs Tq == Tk, got {t} and {k.shape[-2]}")
-    order = lsh_order(x.k, x.rotations, bucket_size)  # [B, H, R, Tp]
+    order = lsh_order(x.k, x.rotations, bucket_size, x.key_ok)  # [B, H, R, Tp]
     t_pad = order.shape[-1]
     n_chunks = t_pad // bucket_size
     chunks = (b, n_heads, n_hashes, n_chunks, bucket_size)

@@ -32,30 +32,40 @@ def draw_rotations(
     )
 
 
-def hash_buckets(keys: Tensor, rotations: Tensor) -> Tensor:
+def hash_buckets(keys: Tensor, rotations: Tensor, key_ok: Tensor | None = None) -> Tensor:
     """Bucket ``argmax([x R, -x R])`` of every position in every round.
 
     Args:
         keys: ``[B, H, T, D]``. rotations: ``[n_hashes, D, n_buckets // 2]``.
+        key_ok: ``[B, T]`` bool, True = real position. Padding positions get the extra bucket
+            ``n_buckets``, so they never share a bucket (or move a chunk boundary) with real
+            positions: real outputs do not depend on padded tokens at all.
     Returns:
-        ``[B, H, n_hashes, T]`` int64 in ``[0, n_buckets)``.
+        ``[B, H, n_hashes, T]`` int64 in ``[0, n_buckets)`` (``n_buckets`` for padding).
     """
     rotated = torch.einsum("bhtd,rdn->bhrtn", keys, rotations.to(keys.dtype))
-    return torch.cat([rotated, -rotated], dim=-1).argmax(dim=-1)
+    buckets = torch.cat([rotated, -rotated], dim=-1).argmax(dim=-1)
+    if key_ok is not None:
+        buckets = buckets.masked_fill(~key_ok[:, None, None, :], 2 * rotations.shape[-1])
+    return buckets
 
 
-def lsh_order(keys: Tensor, rotations: Tensor, bucket_size: int) -> Tensor:
+def lsh_order(
+    keys: Tensor, rotations: Tensor, bucket_size: int, key_ok: Tensor | None = None
+) -> Tensor:
     """Positions sorted by (bucket, position) per round, padded to a multiple of ``bucket_size``.
 
     The ``Tp - T`` padding positions ``T .. Tp-1`` get a bucket after every real bucket, so
-    they fill the tail of the last chunk.
+    they fill the tail of the last chunk (after the ``key_ok`` padding, see
+    :func:`hash_buckets`).
 
     Args:
         keys: ``[B, H, T, D]`` (unit norm). rotations: ``[n_hashes, D, n_buckets // 2]``.
+        key_ok: ``[B, T]`` bool, True = real position (see :func:`hash_buckets`).
     Returns:
         ``[B, H, n_hashes, Tp]`` int64 positions, ``Tp = ceil(T / bucket_size) * bucket_size``.
     """
-    buckets = hash_buckets(keys, rotations)
+    buckets = hash_buckets(keys, rotations, key_ok)
     t = buckets.shape[-1]
     t_pad = math.ceil(t / bucket_size) * bucket_size
     buckets = torch.nn.functional.pad(buckets, (0, t_pad - t), value=2 * rotations.shape[-1])

@@ -80,9 +80,10 @@ def lsh_attention_naive(
     if k.shape[-2] != t:
         raise ValueError(f"the LSH reference needs Tq == Tk, got {t} and {k.shape[-2]}")
     if causal:
-        pairs = causal_pair_mask(hash_buckets(x.k, x.rotations), bucket_size)
+        pairs = causal_pair_mask(hash_buckets(x.k, x.rotations, x.key_ok), bucket_size)
     else:
-        pairs = chunk_pair_mask(lsh_order(x.k, x.rotations, bucket_size), bucket_size, t)
+        order = lsh_order(x.k, x.rotations, bucket_size, x.key_ok)
+        pairs = chunk_pair_mask(order, bucket_size, t)
     allowed = pairs & x.key_ok[:, None, None, None, :]
     pos = torch.arange(t, device=q.device)
     scores = (x.q @ x.k.transpose(-1, -2) * x.scale).unsqueeze(2)
