@@ -147,3 +147,11 @@ def test_sigkill_then_resume_reaches_the_uninterrupted_result(tiny_run_config, t
     assert b["steps"] == a["steps"] == 150 and b["tokens"] == a["tokens"]
     assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-6)
     assert b["eval_loss"] == pytest.approx(a["eval_loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("core", ["eager", "performer", "reformer"])
+def test_every_core_trains_by_changing_one_config_line(core, tiny_run_config, tmp_path):
+    cfg = tiny_run_config(steps=4, eval_every=0, ckpt_every=0)
+    cfg["model"]["attention"]["core"] = core
+    summary = train(load_run_config(base=cfg), tmp_path / "run", progress=False)
+    assert math.isfinite(summary["eval_loss"]) and summary["steps"] == 4
