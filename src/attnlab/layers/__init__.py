@@ -7,10 +7,13 @@ Importing this package registers the built-in parts; see ``PROJECTIONS``, ``POSI
 from attnlab.layers import (  # noqa: F401  (registration)
     cores,
     mlp,
+    moa,
     performer,
     positions,
     projections,
     reformer,
+    sigma_moe,
+    switchhead,
 )
 from attnlab.layers.attention import Attention, AttentionConfig, AttentionOutput, LayerCache
 from attnlab.layers.base import (

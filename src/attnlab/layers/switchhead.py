@@ -1,7 +1,8 @@
 """SwitchHead projections (Csordas et al., NeurIPS 2024): mixture-of-experts V and O.
 
 Each of the H real attention heads owns E value experts and E output experts. Per head, a
-sigmoid gate (float32, or float64 for float64 inputs) picks the top-k of *that head's* E experts, without renormalisation:
+sigmoid gate (float32, or float64 for float64 inputs) picks the top-k of *that head's* E
+experts, without renormalisation:
 
 - ``V_j^h = sum_{e in topk(s_j^h)} s_j^h[e] x_j W_V^{h,e}`` with ``s_j^h = sigmoid(x_j W_S^h)``
   chosen by the **source** (key) token j;
@@ -77,7 +78,7 @@ def select_experts(
     if dropout > 0.0:
         hidden = torch.rand_like(logits) < dropout
         ranking = logits.masked_fill(hidden, float("-inf"))
-    index = ranking.topk(k, dim=-1, sorted=False).indices
+    index = ranking.topk(k, dim=-1).indices  # sorted: slot j = j-th best expert
     chosen = logits.gather(-1, index)
     gate = torch.sigmoid(chosen) if mode == "sigmoid" else torch.softmax(chosen, dim=-1)
     return Selection(index, gate)
