@@ -41,3 +41,19 @@ def test_builtin_tiny_config_is_valid():
     cfg = load_run_config(builtin_config("tiny"))
     assert cfg.data.corpus == "shakespeare" and cfg.data.tokenizer == "byte"
     assert cfg.model.attention.core.name == "sdpa"
+
+
+def test_macs_reproduces_the_paper_table_for_switchhead_47m(tmp_path, capsys):
+    cfg = {"model": {"d_model": 412, "n_layers": 16, "d_ff": 2080, "max_seq_len": 512,
+                     "memory_len": 256,
+                     "attention": {"n_heads": 2, "d_head": 76,
+                                   "projections": {"name": "switchhead", "n_experts": 5, "k": 2},
+                                   "positions": {"name": "xl", "content_bias": False}}},
+           "train": {"seq_len": 256}}
+    path = dump_config(cfg, tmp_path / "sh.yaml")
+    assert main(["macs", "--config", path, "--convention", "paper", "--json"]) == 0
+    cost = json.loads(capsys.readouterr().out)
+    assert round(cost["attention_macs"] / 1e6, 1) == 170.4
+    assert round(cost["attention_memory_floats"] / 1e6, 1) == 0.8
+    assert main(["macs", "--config", path]) == 0
+    assert "attention_macs" in capsys.readouterr().out

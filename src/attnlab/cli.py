@@ -1,4 +1,4 @@
-"""The ``attnlab`` command line: train, eval, generate, demo."""
+"""The ``attnlab`` command line: train, eval, generate, macs, demo."""
 
 from __future__ import annotations
 
@@ -87,6 +87,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_macs(args: argparse.Namespace) -> int:
+    from attnlab.metrics import attention_cost
+    from attnlab.train import load_run_config
+
+    cost = attention_cost(load_run_config(resolve_config_path(args.config), args.set),
+                          args.convention)
+    if args.json:
+        print(json.dumps(cost, indent=2))
+    else:
+        for key, value in cost.items():
+            print(f"{key:>26}: {value:,}" if isinstance(value, int) else f"{key:>26}: {value}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from attnlab.demo import run_demo
 
@@ -127,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("macs", help="attention MACs, activation memory and parameters")
+    p.add_argument("--config", required=True, help="YAML file or built-in config name")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--convention", choices=["paper", "exact"], default="exact",
+                   help="paper: the SwitchHead paper's formulas; exact: what attnlab executes")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_macs)
 
     p = sub.add_parser("demo", help="the main job on built-in data: train and report")
     p.add_argument("--out", default="runs/demo")
