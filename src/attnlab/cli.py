@@ -1,4 +1,4 @@
-"""The ``attnlab`` command line: train, eval, generate, macs, demo."""
+"""The ``attnlab`` command line: train, eval, generate, macs, bench, demo."""
 
 from __future__ import annotations
 
@@ -101,6 +101,23 @@ def cmd_macs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_expert_matmul(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnlab.bench import expert_matmul
+    from attnlab.bench.common import format_table
+
+    records = expert_matmul.run(
+        tokens=args.tokens, preset=args.preset, passes=args.passes, reps=args.reps,
+        naive_reps=args.naive_reps, json_path=args.json, dtype=getattr(torch, args.dtype),
+        device=args.device,
+    )
+    print(format_table(records))
+    if args.json:
+        print(f"saved {args.json}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from attnlab.demo import run_demo
 
@@ -149,6 +166,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="paper: the SwitchHead paper's formulas; exact: what attnlab executes")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_macs)
+
+    bench = sub.add_parser("bench", help="side-by-side benchmarks (table + JSON)")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    p = bench_sub.add_parser("expert-matmul", help="expert matmul vs naive vs dense-equal-MACs")
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--preset", default="wt103-47m")
+    p.add_argument("--passes", nargs="+", choices=["fwd", "fwdbwd"], default=["fwd", "fwdbwd"])
+    p.add_argument("--reps", type=int, default=10, help="timed repetitions per candidate (>= 5)")
+    p.add_argument("--naive-reps", type=int, default=5)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
+    p.set_defaults(func=cmd_bench_expert_matmul)
 
     p = sub.add_parser("demo", help="the main job on built-in data: train and report")
     p.add_argument("--out", default="runs/demo")

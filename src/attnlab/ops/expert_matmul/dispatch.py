@@ -1,13 +1,24 @@
 """``expert_matmul``: validation, then the chosen backend.
 
-Backend choice of ``backend="auto"`` (``choose_backend``):
+``backend="auto"`` (``choose_backend``) runs "triton" for CUDA tensors when triton is
+importable; otherwise "dense" when its MAC overhead ``dense_mac_ratio`` (``E / (G * k)``, or
+``E / k`` for per-group input not reduced over groups) is at most ``DENSE_MAX_RATIO``, else
+"grouped".
 
-* CUDA tensors with triton importable: "triton".
-* otherwise "dense" when its MAC overhead ``dense_mac_ratio`` (``E / (G * k)``, or ``E / k``
-  for per-group input not reduced over groups) is at most ``DENSE_MAX_RATIO`` for the dtype,
-  else "grouped".
+Measurements behind the threshold (2-core AMD EPYC, torch 2.13 CPU, 2 threads; median of 9
+alternated reps, started only when the machine was idle; dense time / grouped time, so < 1
+means dense is faster; N=4096, "V": [N, 412] -> [N, G, 76] reduce slots, "O": [N, G, 76] ->
+[N, 412] reduce all)::
 
-MEASURED: see ``DENSE_MAX_RATIO``.
+    MAC ratio          1.67       2.0        2.5        4.0        5.0
+    fp32 fwd+bwd  V    0.56       0.92       0.97       1.64       2.81
+    fp32 fwd+bwd  O    0.52       0.79       0.92       1.89       2.50
+    bf16 fwd+bwd  V    0.59       0.97       1.12       1.50       1.71
+    bf16 fwd+bwd  O    0.36       0.87       1.03       1.47       1.85
+    (forward only follows the same pattern: 0.32-0.97 at <= 2, 0.82-1.10 at 2.5, >= 1.28 at 4)
+
+At 2.5 (SwitchHead 47M: E=10 over G=2, k=2) it is a tie at N=4096 and grouped wins at N=1024
+(fp32 1.33 / 1.05); the tie goes to "grouped", which saves 2.5x less for backward.
 """
 
 from __future__ import annotations
@@ -26,9 +37,9 @@ from attnlab.ops.expert_matmul.layout import Layout, check_inputs
 from attnlab.ops.expert_matmul.naive import expert_matmul_naive
 
 BACKENDS = ("auto", "grouped", "dense", "naive", "triton")
-DENSE_MAX_RATIO = {torch.float32: 2.0, torch.bfloat16: 2.0}
-"""Largest dense/useful MAC ratio at which "auto" picks the dense backend, per dtype
-(other dtypes use the float32 entry). PLACEHOLDER until measured."""
+DENSE_MAX_RATIO = 2.0
+"""Largest dense/useful MAC ratio at which "auto" picks the dense backend (fp32 and bf16
+measured alike; see the module docstring)."""
 
 
 @functools.cache
@@ -37,12 +48,11 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def choose_backend(layout: Layout, device: torch.device, dtype: torch.dtype) -> str:
-    """The backend that ``backend="auto"`` runs for a call of this layout, device and dtype."""
+def choose_backend(layout: Layout, device: torch.device) -> str:
+    """The backend that ``backend="auto"`` runs for a call of this layout on this device."""
     if device.type == "cuda" and triton_available():
         return "triton"
-    limit = DENSE_MAX_RATIO.get(dtype, DENSE_MAX_RATIO[torch.float32])
-    return "dense" if dense_mac_ratio(layout) <= limit else "grouped"
+    return "dense" if dense_mac_ratio(layout) <= DENSE_MAX_RATIO else "grouped"
 
 
 def _triton_backend(
@@ -87,7 +97,7 @@ def expert_matmul(
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     layout = check_inputs(x, weight, sel, gate, reduce, check)
     if backend == "auto":
-        backend = choose_backend(layout, x.device, x.dtype)
+        backend = choose_backend(layout, x.device)
     if backend == "naive":
         return expert_matmul_naive(x, weight, sel, gate, reduce=reduce)
     if backend == "dense":

@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks; every ``attnlab bench`` command writes one JSON schema."""

@@ -1,0 +1,18 @@
+import json
+
+from attnlab.cli import main
+
+
+def test_bench_expert_matmul_writes_the_schema(tmp_path, capsys):
+    out = tmp_path / "em.json"
+    assert main(["bench", "expert-matmul", "--tokens", "64", "--reps", "5", "--naive-reps", "5",
+                 "--passes", "fwd", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert set(data) == {"machine", "results"}
+    assert {"cpu", "threads", "gpu", "torch"} <= set(data["machine"])
+    names = {(r["name"], r["shape"]["projection"]) for r in data["results"]}
+    assert names == {(n, p) for n in ("fast", "naive", "dense-equal-macs") for p in "VO"}
+    for r in data["results"]:
+        assert r["pass"] == "fwd" and r["baseline"] == "dense-equal-macs"
+        assert r["ms_median"] > 0 and r["ratio"] > 0
+    assert "dense-equal-macs" in capsys.readouterr().out
