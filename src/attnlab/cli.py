@@ -118,6 +118,18 @@ def cmd_bench_expert_matmul(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_layer(args: argparse.Namespace) -> int:
+    from attnlab.bench import layer
+    from attnlab.bench.common import format_table
+
+    records = layer.run(preset=args.preset, batch=args.batch, passes=args.passes, reps=args.reps,
+                        json_path=args.json, device=args.device)
+    print(format_table(records))
+    if args.json:
+        print(f"saved {args.json}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from attnlab.demo import run_demo
 
@@ -179,6 +191,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
     p.set_defaults(func=cmd_bench_expert_matmul)
+
+    p = bench_sub.add_parser("layer", help="one attention layer: dense-h10/h2, switchhead, moa")
+    p.add_argument("--preset", default="wt103-47m")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--passes", nargs="+", choices=["fwd", "fwdbwd"], default=["fwdbwd"])
+    p.add_argument("--reps", type=int, default=10, help="timed repetitions per candidate (>= 5)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
+    p.set_defaults(func=cmd_bench_layer)
 
     p = sub.add_parser("demo", help="the main job on built-in data: train and report")
     p.add_argument("--out", default="runs/demo")
