@@ -268,7 +268,7 @@ def train(
         "steps": step,
         "tokens": tokens_seen,
         "unit": corpus.unit,
-        "train_loss": record_loss(out_dir),
+        "train_loss": last_train_loss(out_dir),
         **last_eval,
         "tokens_per_s": tokens_seen / max(train_wall, 1e-9),
         "peak_rss_mb": peak_rss_mb(),
@@ -281,7 +281,7 @@ def train(
     return summary
 
 
-def record_loss(out_dir: Path) -> float | None:
+def last_train_loss(out_dir: Path) -> float | None:
     """The last logged training loss in ``metrics.jsonl``."""
     losses = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     train_records = [r["loss"] for r in losses if "loss" in r]
