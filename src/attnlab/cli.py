@@ -130,6 +130,19 @@ def cmd_bench_layer(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_train(args: argparse.Namespace) -> int:
+    from attnlab.bench import train_step
+    from attnlab.bench.common import format_table
+
+    configs = [resolve_config_path(c) for c in args.configs]
+    records = train_step.run(configs, steps=args.steps, overrides=args.set,
+                             json_path=args.json, device=args.device)
+    print(format_table(records))
+    if args.json:
+        print(f"saved {args.json}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from attnlab.demo import run_demo
 
@@ -200,6 +213,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
     p.set_defaults(func=cmd_bench_layer)
+
+    p = bench_sub.add_parser("train", help="whole training steps of several configs")
+    p.add_argument("--configs", nargs="+", required=True,
+                   help="YAML files or built-in names; the first is the baseline")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per config (>= 5)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override applied to every config")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
+    p.set_defaults(func=cmd_bench_train)
 
     p = sub.add_parser("demo", help="the main job on built-in data: train and report")
     p.add_argument("--out", default="runs/demo")
