@@ -101,46 +101,43 @@ def cmd_macs(args: argparse.Namespace) -> int:
     return 0
 
 
+def print_records(records: list, json_path: str | None) -> int:
+    from attnlab.bench.common import format_table
+
+    print(format_table(records))
+    if json_path:
+        print(f"saved {json_path}")
+    return 0
+
+
 def cmd_bench_expert_matmul(args: argparse.Namespace) -> int:
     import torch
 
     from attnlab.bench import expert_matmul
-    from attnlab.bench.common import format_table
 
     records = expert_matmul.run(
         tokens=args.tokens, preset=args.preset, passes=args.passes, reps=args.reps,
         naive_reps=args.naive_reps, json_path=args.json, dtype=getattr(torch, args.dtype),
         device=args.device,
     )
-    print(format_table(records))
-    if args.json:
-        print(f"saved {args.json}")
-    return 0
+    return print_records(records, args.json)
 
 
 def cmd_bench_layer(args: argparse.Namespace) -> int:
     from attnlab.bench import layer
-    from attnlab.bench.common import format_table
 
     records = layer.run(preset=args.preset, batch=args.batch, passes=args.passes, reps=args.reps,
                         json_path=args.json, device=args.device)
-    print(format_table(records))
-    if args.json:
-        print(f"saved {args.json}")
-    return 0
+    return print_records(records, args.json)
 
 
 def cmd_bench_train(args: argparse.Namespace) -> int:
     from attnlab.bench import train_step
-    from attnlab.bench.common import format_table
 
     configs = [resolve_config_path(c) for c in args.configs]
     records = train_step.run(configs, steps=args.steps, overrides=args.set,
                              json_path=args.json, device=args.device)
-    print(format_table(records))
-    if args.json:
-        print(f"saved {args.json}")
-    return 0
+    return print_records(records, args.json)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
