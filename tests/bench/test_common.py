@@ -46,7 +46,7 @@ def test_timer_measures_wall_clock():
     import time
 
     timings = time_side_by_side({"sleep": lambda: time.sleep(0.004), "noop": lambda: None}, 5)
-    assert 4.0 <= timings["sleep"].min < 50.0
+    assert timings["sleep"].min >= 4.0  # no upper bound: a loaded machine may stall any call
     assert timings["noop"].median < timings["sleep"].median
 
 

@@ -14,7 +14,7 @@ def test_bench_layer_compares_the_four_variants(tmp_path, capsys, monkeypatch):
     results = json.loads(out.read_text())["results"]
     assert {r["name"] for r in results} == {"dense-h10", "dense-h2", "switchhead", "moa"}
     for r in results:
-        assert r["baseline"] == "dense-h10" and r["ratio"] > 0 and r["peak_mem_mb"] > 0
+        assert r["baseline"] == "dense-h10" and r["ratio"] > 0 and r["peak_mem_mb"] >= 0
         if r["name"] == "dense-h10":
             assert r["ratio"] == 1.0
     assert "switchhead" in capsys.readouterr().out

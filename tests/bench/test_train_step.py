@@ -23,7 +23,7 @@ def test_train_bench_records_follow_the_schema(tmp_path):
     for r in records:
         assert r.bench == "train" and r.pass_ == "fwdbwd" and r.baseline == "dense-h8"
         assert r.ms_median > 0 and r.ms_min > 0 and r.ms_min <= r.ms_median
-        assert r.peak_mem_mb > 0 and r.ratio > 0
+        assert r.peak_mem_mb >= 0 and r.ratio > 0
         assert r.shape["params"] > 0
         assert {k: r.shape[k] for k in ("batch", "seq_len", "memory_len", "tokens_per_step")} == {
             "batch": 2,
