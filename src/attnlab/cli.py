@@ -61,7 +61,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with torch.no_grad():
         result = evaluate_lm(run.model, tokens, batch_size=args.batch_size, seq_len=seq_len,
                              max_tokens=args.max_tokens)
-    bytes_per_token = corpus.n_bytes[args.split] / max(1, len(tokens))
+    bytes_per_token = corpus.bytes_per_token(args.split)
     report = {"run": str(args.run), "step": run.step, "split": args.split, "seq_len": seq_len,
               "loss": result["loss"], "tokens": result["tokens"],
               **loss_metrics(result["loss"], corpus.unit, bytes_per_token)}

@@ -19,7 +19,6 @@ import logging
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -28,6 +27,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from attnlab.utils.io import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -245,26 +246,13 @@ def fill_ratios(records: Sequence[Record], baseline_name: str) -> list[Record]:
 
 
 def write_json(path: str | os.PathLike[str], records: Sequence[Record]) -> Path:
-    """Write ``{"machine": machine_info(), "results": [...]}`` atomically (temp file in the
-    same folder, fsync, ``os.replace``). Every record needs its ratio filled."""
+    """Write ``{"machine": machine_info(), "results": [...]}`` atomically. Every record needs
+    its ratio filled."""
     missing = [r.name for r in records if r.ratio is None]
     if missing:
         raise ValueError(f"records without a ratio (call fill_ratios first): {missing}")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"machine": machine_info(), "results": [r.to_json() for r in records]}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic_write_json(path, {"machine": machine_info(), "results": [r.to_json() for r in records]})
     return path
 
 

@@ -184,7 +184,7 @@ def train(
             x, y = random_batch(corpus.train, t.batch_size, t.seq_len, t.seed, index)
         return x.to(device), y.to(device)
 
-    bytes_per_token = corpus.n_bytes["valid"] / max(1, len(corpus.valid))
+    bytes_per_token = corpus.bytes_per_token("valid")
 
     def run_eval(max_tokens: int | None) -> dict[str, float]:
         result = evaluate_lm(
