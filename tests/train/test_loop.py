@@ -149,7 +149,7 @@ def test_sigkill_then_resume_reaches_the_uninterrupted_result(tiny_run_config, t
     assert b["eval_loss"] == pytest.approx(a["eval_loss"], rel=1e-6)
 
 
-@pytest.mark.parametrize("core", ["eager", "performer", "reformer"])
+@pytest.mark.parametrize("core", ["eager", "performer", "reformer", "sea"])
 def test_every_core_trains_by_changing_one_config_line(core, tiny_run_config, tmp_path):
     cfg = tiny_run_config(steps=4, eval_every=0, ckpt_every=0)
     cfg["model"]["attention"]["core"] = core

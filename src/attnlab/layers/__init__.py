@@ -12,6 +12,7 @@ from attnlab.layers import (  # noqa: F401  (registration)
     positions,
     projections,
     reformer,
+    sea,
     sigma_moe,
     switchhead,
 )

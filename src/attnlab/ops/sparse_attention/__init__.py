@@ -1,6 +1,25 @@
-"""Exact attention on a per-row set of keys (SEA's inner op): gather fast path and reference."""
+"""Exact attention on a per-row set of keys (SEA's inner op): gather fast paths and references.
 
+``sparse_attention``: padded key lists per (head, row). ``cell_attention``: per row, a padded
+list of cells (one head's run of keys each), for selections split unevenly across heads.
+"""
+
+from attnlab.ops.sparse_attention.cells import cell_attention
 from attnlab.ops.sparse_attention.gather import sparse_attention
-from attnlab.ops.sparse_attention.naive import index_mask, sparse_attention_naive
+from attnlab.ops.sparse_attention.naive import (
+    cell_attention_naive,
+    cell_mask,
+    index_mask,
+    masked_attention,
+    sparse_attention_naive,
+)
 
-__all__ = ["index_mask", "sparse_attention", "sparse_attention_naive"]
+__all__ = [
+    "cell_attention",
+    "cell_attention_naive",
+    "cell_mask",
+    "index_mask",
+    "masked_attention",
+    "sparse_attention",
+    "sparse_attention_naive",
+]

@@ -1,4 +1,4 @@
-"""Dense reference for attention restricted to per-row key index lists."""
+"""Dense references for attention restricted to per-row key lists or cells."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from attnlab.ops.attention.masks import expand_kv_heads
-from attnlab.ops.sparse_attention.validation import check_sparse_inputs
+from attnlab.ops.sparse_attention.validation import check_cell_inputs, check_sparse_inputs
 
 
 def index_mask(key_index: Tensor, key_valid: Tensor, t_k: int) -> Tensor:
@@ -32,15 +32,42 @@ def sparse_attention_naive(
     Same contract as :func:`attnlab.ops.sparse_attention.sparse_attention`.
     """
     check_sparse_inputs(q, k, v, key_index, key_valid, row_scale)
+    mask = index_mask(key_index, key_valid, k.shape[-2])
+    return masked_attention(q, k, v, mask, scale=scale, row_scale=row_scale)
+
+
+def cell_mask(cell_head: Tensor, key_index: Tensor, key_valid: Tensor, n_heads: int,
+              t_k: int) -> Tensor:
+    """The dense ``[B, H, Tq, Tk]`` bool mask the cells describe (True = attends)."""
+    b, t_q, c, w = key_index.shape
+    target = torch.where(key_valid, cell_head[..., None] * (t_k + 1) + key_index.long(),
+                         n_heads * (t_k + 1))  # invalid slots land in a spare column
+    mask = torch.zeros(b, t_q, n_heads * (t_k + 1) + 1, dtype=torch.bool, device=cell_head.device)
+    mask.scatter_(-1, target.view(b, t_q, c * w), True)
+    return mask[..., :-1].view(b, t_q, n_heads, t_k + 1)[..., :t_k].transpose(1, 2)
+
+
+def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, scale: float,
+                     row_scale: Tensor | None) -> Tensor:
+    """Dense softmax attention under a ``[B, H, Tq, Tk]`` bool mask (rows with no key give
+    0), times ``row_scale``; the shared reference of the sparse paths. At least float32."""
     n_heads = q.shape[1]
     dt = torch.promote_types(q.dtype, torch.float32)
     k, v = expand_kv_heads(k, n_heads).to(dt), expand_kv_heads(v, n_heads).to(dt)
-    mask = index_mask(key_index, key_valid, k.shape[-2])
     empty = ~mask.any(-1, keepdim=True)
     scores = (q.to(dt) @ k.transpose(-1, -2)) * scale
     scores = scores.masked_fill(~mask, float("-inf")).masked_fill(empty, 0.0)
-    weights = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
-    out = weights @ v
+    out = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0) @ v
     if row_scale is not None:
         out = out * row_scale.to(dt).unsqueeze(-1)
     return out.to(q.dtype)
+
+
+def cell_attention_naive(
+    q: Tensor, k: Tensor, v: Tensor, cell_head: Tensor, key_index: Tensor, key_valid: Tensor,
+    *, scale: float, row_scale: Tensor | None = None,
+) -> Tensor:
+    """Reference: the cells' dense mask and masked softmax attention. O(Tq * Tk) memory."""
+    check_cell_inputs(q, k, v, cell_head, key_index, key_valid, row_scale)
+    mask = cell_mask(cell_head, key_index, key_valid, q.shape[1], k.shape[-2])
+    return masked_attention(q, k, v, mask, scale=scale, row_scale=row_scale)

@@ -1,0 +1,212 @@
+"""The ``sea`` attention core: decoding, causality, padding, dense limit, query skip, config."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.config import ConfigError
+from attnlab.layers import Attention, AttentionConfig, LayerContext
+from attnlab.layers.sea import SEACore, SEAOptions, SEAState
+from attnlab.ops.attention import softmax_attention
+
+F64 = torch.float64
+SMALL = {"k": 2, "predictor_length": 8}  # T = 30 rows: the mask is really sparse
+
+
+def make_ctx(causal=True, n_layers=2):
+    return LayerContext(d_model=32, n_heads=4, d_head=8, causal=causal, max_seq_len=64,
+                        layer_idx=0, n_layers=n_layers, init_scale=1.0)
+
+
+def make_layer(causal=True, positions="rope", n_kv_heads=None, projections=None, **options):
+    projections = projections or {"name": "dense", "n_kv_heads": n_kv_heads}
+    cfg = AttentionConfig(n_heads=4, d_head=8, positions=positions, projections=projections,
+                          core={"name": "sea", **SMALL, **options})
+    torch.manual_seed(0)
+    return Attention(make_ctx(causal), cfg).double().eval()
+
+
+def make_core(causal=True, **options):
+    torch.manual_seed(0)
+    return SEACore(make_ctx(causal), SEAOptions(**{**SMALL, **options})).double().eval()
+
+
+def qkv(b=2, t=30, h=4, d=8, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, t, d, generator=gen, dtype=F64) for _ in range(3)]
+
+
+def decode_in_pieces(layer, x, bounds):
+    """Feed ``x [B, T, d]`` in the pieces ``[bounds[i], bounds[i+1])`` through the cache."""
+    pieces, cache = [], None
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        out = layer(x[:, start:stop], cache=cache, use_cache=True)
+        pieces.append(out.hidden)
+        cache = out.cache
+    return torch.cat(pieces, dim=1), cache
+
+
+@pytest.mark.parametrize("query_skip", [1, 3])
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_cached_decoding_equals_full_pass(query_skip, n_kv_heads):
+    layer = make_layer(n_kv_heads=n_kv_heads, query_skip=query_skip)
+    x = torch.randn(2, 30, 32, dtype=F64)
+    full = layer(x).hidden
+    bounds = [0, 11, 12, 16, *range(17, 31)]  # a prefix, a 4-token piece, then token by token
+    steps, cache = decode_in_pieces(layer, x, bounds)
+    torch.testing.assert_close(steps, full, rtol=0, atol=1e-10)
+    state = cache.core_state
+    assert isinstance(state, SEAState) and state.n_tokens == 30
+    assert state.image_rows.shape[-2] == 8
+
+
+def test_stale_state_is_not_used():
+    """A trimmed cache: the estimator restarts from the given queries (no stale rows)."""
+    layer = make_layer()
+    x = torch.randn(1, 20, 32, dtype=F64)
+    cache = layer(x[:, :12], use_cache=True).cache
+    step = layer(x[:, 12:], cache=cache.trimmed(5)).hidden
+    assert torch.isfinite(step).all()
+    # same as handing the core no state at all
+    cache.core_state = None
+    torch.testing.assert_close(step, layer(x[:, 12:], cache=cache.trimmed(5)).hidden)
+
+
+def test_causality_future_tokens_do_not_change_the_past():
+    for query_skip in (1, 4):
+        layer = make_layer(query_skip=query_skip)
+        x = torch.randn(2, 30, 32, dtype=F64)
+        y = x.clone()
+        y[:, 13:] = 3 * torch.randn(2, 17, 32, dtype=F64)
+        a, b = layer(x).hidden, layer(y).hidden
+        assert torch.equal(a[:, :13], b[:, :13])
+        assert (a[:, 13:] - b[:, 13:]).abs().max() > 1e-3
+
+
+def _open_gates(core):
+    """sigmoid(s0) = sigmoid(s1) = 1: the output is the sparse attention alone."""
+    with torch.no_grad():
+        core.estimator.scalers.weight.zero_()
+        core.estimator.scalers.bias.fill_(60.0)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_a_mask_covering_all_keys_is_dense_attention(causal):
+    core = make_core(causal, k=64, output="mix")  # k >= T: every bin, every key
+    _open_gates(core)
+    q, k, v = qkv()
+    out = core(q, k, v, scale=0.3).out
+    torch.testing.assert_close(out, softmax_attention(q, k, v, scale=0.3, causal=causal),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_sparse_rows_attend_about_h_times_k_keys():
+    """With the mask really sparse, each long row still sums to sigmoid(s0)'s exact softmax
+    over its own keys: the output differs from dense attention but is a convex combination."""
+    core = make_core(k=2)
+    _open_gates(core)
+    q, k, v = qkv(t=60)
+    out = core(q, k, v, scale=0.3).out
+    dense = softmax_attention(q, k, v, scale=0.3, causal=True)
+    assert (out - dense)[..., 40:, :].abs().max() > 1e-3
+    assert (out.abs() <= v.abs().amax(2, keepdim=True) + 1e-12).all()
+
+
+def test_key_padding_has_no_influence():
+    layer = make_layer()
+    x = torch.randn(2, 20, 32, dtype=F64)
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[0, 3:6] = False
+    mask[1, :4] = False
+    y = x.clone()
+    y[~mask] = 5 * torch.randn(int((~mask).sum()), 32, dtype=F64)
+    a = layer(x, key_padding_mask=mask).hidden
+    b = layer(y, key_padding_mask=mask).hidden
+    torch.testing.assert_close(a[mask], b[mask], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_right_padded_batch_equals_the_unpadded_rows(causal):
+    layer = make_layer(causal)
+    x = torch.randn(2, 20, 32, dtype=F64)
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[1, 13:] = False
+    batch = layer(x, key_padding_mask=mask).hidden
+    alone = layer(x[1:, :13]).hidden
+    torch.testing.assert_close(batch[1:, :13], alone, rtol=0, atol=1e-10)
+
+
+def test_query_skip_reuses_the_estimate_of_the_earliest_row():
+    core = make_core(query_skip=4)
+    q, k, v = qkv(b=1, t=10)  # 10 is not a multiple of 4: rows 8, 9 reuse row 8
+    logits, scalers, _ = core.estimator(q, k, v, scale=0.3, key_mask=None, query_skip=4,
+                                        state=None)
+    for group in ([0, 1, 2, 3], [4, 5, 6, 7], [8, 9]):
+        for row in group[1:]:
+            assert torch.equal(logits[..., row, :], logits[..., group[0], :])
+            assert torch.equal(scalers[..., row, :], scalers[..., group[0], :])
+    full, _, _ = core.estimator(q, k, v, scale=0.3, key_mask=None, query_skip=1, state=None)
+    assert not torch.equal(full[..., 1, :], full[..., 0, :])
+
+
+def test_dynamic_k_and_query_skip_switch_at_inference():
+    layer = make_layer()
+    x = torch.randn(1, 40, 32, dtype=F64)
+    base = layer(x).hidden
+    layer.core.set_inference(k=40)  # covers every key
+    wide = layer(x).hidden
+    layer.core.set_inference(query_skip=2)
+    skipped = layer(x).hidden
+    assert (base - wide).abs().max() > 1e-6 and (wide - skipped).abs().max() > 1e-6
+    with pytest.raises(ValueError, match="k must be"):
+        layer.core.set_inference(k=0)
+    with pytest.raises(ValueError, match="query_skip"):
+        layer.core.set_inference(query_skip=0)
+
+
+def test_training_adds_the_estimate_loss_and_trains_the_estimator():
+    layer = make_layer().train()
+    x = torch.randn(2, 24, 32, dtype=F64)
+    out = layer(x)
+    assert set(out.aux) == {"sea_estimate"} and out.aux["sea_estimate"] > 0
+    out.aux["sea_estimate"].backward()
+    cnn = layer.core.estimator.cnn
+    assert cnn.conv1.weight.grad.abs().sum() > 0 and cnn.out.weight.grad.abs().sum() > 0
+    assert make_layer(estimator_loss=0.0).train()(x).aux == {}
+    assert layer.eval()(x).aux == {}
+
+
+def test_switchhead_projections_with_the_sea_core():
+    projections = {"name": "switchhead", "n_experts": 4, "k": 2}
+    layer = make_layer(projections=projections)
+    x = torch.randn(2, 20, 32, dtype=F64)
+    full = layer(x).hidden
+    steps, _ = decode_in_pieces(layer, x, [0, 7, *range(8, 21)])
+    torch.testing.assert_close(steps, full, rtol=0, atol=1e-10)
+
+
+def test_score_bias_and_bad_options_are_rejected():
+    core = make_core()
+    q, k, v = qkv(b=1, t=5)
+    with pytest.raises(ValueError, match="score bias"):
+        core(q, k, v, scale=0.3, score_bias=torch.zeros(1, 1, 5, 5, dtype=F64))
+    with pytest.raises(ValueError, match="value width"):
+        core(q, k, v[..., :4], scale=0.3)
+    with pytest.raises(ValueError, match="cannot take"):
+        AttentionConfig(n_heads=4, d_head=8, positions="xl", core="sea").validate()
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"k": 0}, "k must be"),
+    ({"predictor_length": 6}, "multiple of 4"),
+    ({"topk_group": "rows"}, "topk_group"),
+    ({"query_skip": 0}, "query_skip"),
+    ({"output": "sum"}, "output"),
+    ({"estimator_loss": -1.0}, "estimator_loss"),
+    ({"kernel": "cos"}, "kernel"),
+    ({"predictor": 8}, "predictor_length"),
+])
+def test_bad_options_are_rejected(options, match):
+    with pytest.raises((ValueError, ConfigError), match=match):
+        AttentionConfig(n_heads=4, d_head=8, core={"name": "sea", **options}).validate()
