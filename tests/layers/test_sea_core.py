@@ -40,7 +40,7 @@ def qkv(b=2, t=30, h=4, d=8, seed=0):
 def decode_in_pieces(layer, x, bounds):
     """Feed ``x [B, T, d]`` in the pieces ``[bounds[i], bounds[i+1])`` through the cache."""
     pieces, cache = [], None
-    for start, stop in zip(bounds[:-1], bounds[1:]):
+    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
         out = layer(x[:, start:stop], cache=cache, use_cache=True)
         pieces.append(out.hidden)
         cache = out.cache
@@ -101,8 +101,22 @@ def test_a_mask_covering_all_keys_is_dense_attention(causal):
                                rtol=1e-12, atol=1e-12)
 
 
-def test_sparse_rows_attend_about_h_times_k_keys():
-    """With the mask really sparse, each long row still sums to sigmoid(s0)'s exact softmax
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_sparse_and_dense_attention_paths_agree(causal):
+    q, k, v = (x.requires_grad_() for x in qkv(t=70))  # 2 row blocks
+    results = []
+    for path in ("sparse", "dense"):
+        core = make_core(causal, attention_path=path)
+        out = core(q, k, v, scale=0.3).out
+        results.append((out, torch.autograd.grad(out.square().sum(), (q, k, v))))
+    (a, grads_a), (b, grads_b) = results
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    for ga, gb in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(ga, gb, rtol=0, atol=1e-11)
+
+
+def test_really_sparse_rows_differ_from_dense_but_stay_convex():
+    """With the mask really sparse, each long row is still an exact softmax (times sigmoid(s0))
     over its own keys: the output differs from dense attention but is a convex combination."""
     core = make_core(k=2)
     _open_gates(core)
@@ -205,6 +219,7 @@ def test_score_bias_and_bad_options_are_rejected():
     ({"output": "sum"}, "output"),
     ({"estimator_loss": -1.0}, "estimator_loss"),
     ({"kernel": "cos"}, "kernel"),
+    ({"attention_path": "flash"}, "attention_path"),
     ({"predictor": 8}, "predictor_length"),
 ])
 def test_bad_options_are_rejected(options, match):

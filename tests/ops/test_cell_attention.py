@@ -45,8 +45,9 @@ def test_fast_matches_naive_forward_and_gradients(hk, with_row_scale):
     assert_close("out", ref, out, 1e-12)
     inputs = [x for x in (q, k, v, row_scale) if x is not None]
     grad = torch.randn_like(out)
-    for name, g_out, g_ref in zip("qkvr", torch.autograd.grad(out, inputs, grad),
-                                  torch.autograd.grad(ref, inputs, grad)):
+    names = "qkvr"[: len(inputs)]
+    for name, g_out, g_ref in zip(names, torch.autograd.grad(out, inputs, grad),
+                                  torch.autograd.grad(ref, inputs, grad), strict=True):
         assert_close(f"grad {name}", g_ref, g_out, 1e-11)
     # heads without cells in a row output exactly zero; so does the row with no valid key
     mask = cell_mask(head, index, valid, 4, 20)

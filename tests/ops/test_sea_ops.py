@@ -99,8 +99,9 @@ def test_grouped_topk_picks_the_best_cells_within_the_row_budget():
     probs = torch.rand(b, h, t, n_bins, generator=gen)
     lengths = torch.randint(1, 200, (b, t), generator=gen)
     chosen = select_cells(probs, lengths, k, group="heads")
-    budget = cell_budget(lengths, k, n_bins, h)
-    assert torch.equal(chosen.sum((1, 3)), budget)
+    filled = lengths.clamp_max(n_bins)  # non-empty bins per head: the budget's upper bound
+    budget = torch.minimum(cell_budget(lengths, k, n_bins, h), h * filled)
+    assert torch.equal(chosen.sum((1, 3)), budget) and (budget < h * n_bins).any()
     flat_p = probs.permute(0, 2, 1, 3).reshape(b, t, -1)
     flat_c = chosen.permute(0, 2, 1, 3).reshape(b, t, -1)
     worst_kept = flat_p.masked_fill(~flat_c, 2).amin(-1)
@@ -108,13 +109,14 @@ def test_grouped_topk_picks_the_best_cells_within_the_row_budget():
     assert (worst_kept > best_dropped).all()
 
     per_head = select_cells(probs, lengths, k, group="head")
-    assert torch.equal(per_head.sum(-1), cell_budget(lengths, k, n_bins)[:, None].expand(b, h, t))
+    budget = torch.minimum(cell_budget(lengths, k, n_bins), filled)
+    assert torch.equal(per_head.sum(-1), budget[:, None].expand(b, h, t))
 
 
 def test_empty_cells_are_never_selected():
     probs = torch.rand(1, 2, 5, 8)
     probs[..., 4:] = -1.0  # empty bins
-    chosen = select_cells(probs, torch.full((1, 5), 2), k=100, group="heads")
+    chosen = select_cells(probs, torch.full((1, 5), 4), k=100, group="heads")
     assert not chosen[..., 4:].any() and chosen[..., :4].all()
     with pytest.raises(ValueError, match="group"):
         select_cells(probs, torch.full((1, 5), 2), k=1, group="rows")

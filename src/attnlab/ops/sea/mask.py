@@ -71,12 +71,16 @@ def select_cell_list(
     if group not in GROUPS:
         raise ValueError(f"group must be one of {list(GROUPS)}, got {group!r}")
     b, h, t, n_bins = probs.shape
+    # never more cells than the row has non-empty bins (L_t < K leaves some empty): the
+    # selection is the same, and the padded cell list stays short for short rows
+    filled = lengths.long().clamp_max(n_bins)
     if group == "heads":
         flat = probs.permute(0, 2, 1, 3).reshape(b, t, h * n_bins)
-        budget = cell_budget(lengths, k, n_bins, h)
+        budget = torch.minimum(cell_budget(lengths, k, n_bins, h), h * filled)
     else:
         flat = probs
-        budget = cell_budget(lengths, k, n_bins).unsqueeze(1).expand(b, h, t)
+        budget = torch.minimum(cell_budget(lengths, k, n_bins), filled).unsqueeze(1)
+        budget = budget.expand(b, h, t)
     width = flat.shape[-1]
     m = max(1, int(budget.max())) if budget.numel() else 1
     if m > 0.9 * width:  # a full sort is cheaper than a near-complete top-k
