@@ -155,3 +155,13 @@ def test_every_core_trains_by_changing_one_config_line(core, tiny_run_config, tm
     cfg["model"]["attention"]["core"] = core
     summary = train(load_run_config(base=cfg), tmp_path / "run", progress=False)
     assert math.isfinite(summary["eval_loss"]) and summary["steps"] == 4
+
+
+def test_switchhead_projections_with_a_sea_core_train(tiny_run_config, tmp_path):
+    cfg = tiny_run_config(steps=4, eval_every=0, ckpt_every=0)
+    cfg["model"]["attention"].update(
+        projections={"name": "switchhead", "n_experts": 4, "k": 2},
+        core={"name": "sea", "k": 4, "predictor_length": 8},
+    )
+    summary = train(load_run_config(base=cfg), tmp_path / "run", progress=False)
+    assert math.isfinite(summary["eval_loss"]) and summary["steps"] == 4
