@@ -123,6 +123,58 @@ def cmd_bench_expert_matmul(args: argparse.Namespace) -> int:
     return print_records(records, args.json)
 
 
+def _csv(kind: type):
+    def parse(value: str) -> list:
+        try:
+            return [kind(v.strip()) for v in value.split(",") if v.strip()]
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list: {err}") from err
+
+    return parse
+
+
+def cmd_bench_attention(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnlab.bench import attention
+
+    try:
+        records = attention.run(
+            mechanisms=args.mechanisms, seq_lens=args.seq_lens, causal=args.causal,
+            pass_=args.pass_, heads=args.heads, d_head=args.d_head, batch=args.batch,
+            dtype=getattr(torch, args.dtype), options=args.set, reps=args.reps,
+            max_mem_gb=args.max_mem_gb, json_path=args.json, plot_path=args.plot,
+            device=args.device,
+        )
+    except ImportError as err:  # --plot without matplotlib
+        raise SystemExit(f"error: {err}") from err
+    print_records(records, args.json)
+    print()
+    print(attention.format_summary(records))
+    if args.plot:
+        print(f"saved {args.plot}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from attnlab.report import curves_table, plot_curves, read_run
+
+    names = args.names or [None] * len(args.runs)
+    if len(names) != len(args.runs):
+        raise SystemExit(f"error: {len(args.names)} --names for {len(args.runs)} --runs")
+    runs = [read_run(d, n) for d, n in zip(args.runs, names, strict=True)]
+    table = curves_table(runs)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(table + "\n")
+    print(table)
+    try:
+        print(f"saved {plot_curves(runs, out.with_suffix('.png'), args.title)}")
+    except ImportError as err:
+        logging.getLogger(__name__).warning("no plot: %s", err)
+    return 0
+
+
 def cmd_bench_layer(args: argparse.Namespace) -> int:
     from attnlab.bench import layer
 
@@ -202,6 +254,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
     p.set_defaults(func=cmd_bench_expert_matmul)
 
+    p = bench_sub.add_parser("attention", help="attention cores (q, k, v -> o) vs seq_len")
+    p.add_argument("--mechanisms", type=_csv(str), default=None, metavar="A,B,...",
+                   help="registered core names (default: those of sdpa,eager,sea,performer,"
+                        "reformer that are registered); sdpa, the baseline, is always run")
+    p.add_argument("--seq-lens", type=_csv(int), default=[1024, 2048, 4096, 8192, 16384],
+                   metavar="T1,T2,...")
+    causal = p.add_mutually_exclusive_group()
+    causal.add_argument("--causal", dest="causal", action="store_true", default=True,
+                        help="causal attention (default)")
+    causal.add_argument("--bidirectional", dest="causal", action="store_false")
+    p.add_argument("--pass", dest="pass_", choices=["fwd", "fwdbwd"], default="fwd")
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--d-head", type=int, default=64)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--set", action="append", default=[], metavar="MECH.OPTION=VALUE",
+                   help="a core option, e.g. --set sea.k=32 (repeatable)")
+    p.add_argument("--max-mem-gb", type=float, default=None,
+                   help="skip a mechanism whose estimated peak exceeds this many GiB "
+                        "(default: 40%% of the device's memory)")
+    p.add_argument("--reps", type=int, default=10, help="timed repetitions per candidate (>= 5)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="time and memory vs seq_len (needs matplotlib: attnlab[plot])")
+    p.set_defaults(func=cmd_bench_attention)
+
     p = bench_sub.add_parser("layer", help="one attention layer: dense-h10/h2, switchhead, moa")
     p.add_argument("--preset", default="wt103-47m")
     p.add_argument("--batch", type=int, default=1)
@@ -220,6 +299,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
     p.set_defaults(func=cmd_bench_train)
+
+    p = sub.add_parser("report", help="quality curves of finished runs: table + PNG")
+    p.add_argument("--runs", nargs="+", required=True, metavar="DIR",
+                   help="run directories (from attnlab train)")
+    p.add_argument("--names", nargs="+", default=None, help="labels (default: folder names)")
+    p.add_argument("--out", required=True, metavar="PREFIX",
+                   help="writes PREFIX.md and, with matplotlib, PREFIX.png")
+    p.add_argument("--title", default="")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("demo", help="the main job on built-in data: train and report")
     p.add_argument("--out", default="runs/demo")

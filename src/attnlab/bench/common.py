@@ -9,6 +9,10 @@ One JSON schema for all benchmarks::
 ``ratio`` is ``ms_median`` over the baseline record's ``ms_median`` (same bench, pass and
 shape), both measured in the same run by ``time_side_by_side``, which alternates the
 candidates rep by rep so that drift (thermal, other load) hits all of them alike.
+
+Optional additions: a result that was not run (e.g. it would not fit in memory) carries
+``"skipped": reason`` and ``null`` times, memory and ratio; a file may carry a top-level
+``"summary"`` mapping (bench-specific derived values, e.g. scaling slopes).
 """
 
 from __future__ import annotations
@@ -195,17 +199,19 @@ def peak_memory_mb(fn: Callable[[], object], device: torch.device | str = "cpu")
 @dataclass
 class Record:
     """One benchmark result; ``pass_`` is serialised as ``"pass"``. ``ratio`` is None until
-    ``fill_ratios`` sets it."""
+    ``fill_ratios`` sets it. ``skipped``: why the candidate was not run (its times, memory and
+    ratio are then None); omitted from the JSON when None."""
 
     bench: str
     name: str
     pass_: str
     shape: dict[str, Any]
-    ms_median: float
-    ms_min: float
-    peak_mem_mb: float
+    ms_median: float | None
+    ms_min: float | None
+    peak_mem_mb: float | None
     baseline: str = ""
     ratio: float | None = None
+    skipped: str | None = None
 
     def __post_init__(self) -> None:
         if self.pass_ not in PASSES:
@@ -215,6 +221,8 @@ class Record:
         """The schema's dict for one result."""
         data = asdict(self)
         data["pass"] = data.pop("pass_")
+        if data["skipped"] is None:
+            del data["skipped"]
         return data
 
     @classmethod
@@ -231,7 +239,8 @@ def _group_key(r: Record) -> tuple[str, str, str]:
 def fill_ratios(records: Sequence[Record], baseline_name: str) -> list[Record]:
     """Set ``baseline`` and ``ratio`` (ms_median / baseline's ms_median) on every record, the
     baseline being the record named ``baseline_name`` with the same bench, pass and shape.
-    Raises ``ValueError`` when a group has no baseline record. Returns the same records."""
+    Skipped records keep ratio None. Raises ``ValueError`` when a group has no baseline record,
+    or a measured record's baseline was skipped. Returns the same records."""
     base = {_group_key(r): r for r in records if r.name == baseline_name}
     for r in records:
         ref = base.get(_group_key(r))
@@ -241,18 +250,34 @@ def fill_ratios(records: Sequence[Record], baseline_name: str) -> list[Record]:
                 f"shape={r.shape}"
             )
         r.baseline = baseline_name
+        if r.skipped is not None:
+            r.ratio = None
+            continue
+        if ref.skipped is not None:
+            raise ValueError(
+                f"the {baseline_name!r} record for bench={r.bench!r} pass={r.pass_!r} "
+                f"shape={r.shape} was skipped ({ref.skipped}), so {r.name!r} has no ratio"
+            )
         r.ratio = r.ms_median / ref.ms_median
     return list(records)
 
 
-def write_json(path: str | os.PathLike[str], records: Sequence[Record]) -> Path:
-    """Write ``{"machine": machine_info(), "results": [...]}`` atomically. Every record needs
-    its ratio filled."""
-    missing = [r.name for r in records if r.ratio is None]
+def write_json(
+    path: str | os.PathLike[str],
+    records: Sequence[Record],
+    summary: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``{"machine": machine_info(), "results": [...]}`` atomically, plus ``"summary":
+    summary`` when given. Every record that was not skipped needs its ratio filled."""
+    missing = [r.name for r in records if r.ratio is None and r.skipped is None]
     if missing:
         raise ValueError(f"records without a ratio (call fill_ratios first): {missing}")
     path = Path(path)
-    atomic_write_json(path, {"machine": machine_info(), "results": [r.to_json() for r in records]})
+    payload: dict[str, Any] = {"machine": machine_info(),
+                               "results": [r.to_json() for r in records]}
+    if summary is not None:
+        payload["summary"] = dict(summary)
+    atomic_write_json(path, payload)
     return path
 
 
@@ -262,12 +287,21 @@ def read_json(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Record
     return payload["machine"], [Record.from_json(r) for r in payload["results"]]
 
 
+def read_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``"summary"`` mapping of a file written by ``write_json`` ({} when it has none)."""
+    return dict(json.loads(Path(path).read_text()).get("summary", {}))
+
+
 def format_table(records: Sequence[Record]) -> str:
     """A Markdown table: bench, pass, shape, name, median/min ms, peak MiB, ratio."""
     head = "| bench | pass | shape | name | ms median | ms min | peak MiB | ratio |"
     lines = [head, "|" + "---|" * 8]
     for r in records:
         shape = ", ".join(f"{k}={v}" for k, v in r.shape.items())
+        if r.skipped is not None:
+            lines.append(f"| {r.bench} | {r.pass_} | {shape} | {r.name} | - | - | - | "
+                         f"skipped: {r.skipped} |")
+            continue
         ratio = "" if r.ratio is None else f"{r.ratio:.2f}x {r.baseline}"
         lines.append(
             f"| {r.bench} | {r.pass_} | {shape} | {r.name} | {r.ms_median:.3f} | "

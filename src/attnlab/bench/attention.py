@@ -1,0 +1,369 @@
+"""``attnlab bench attention``: one attention core (q, k, v -> o) per mechanism and length.
+
+Every mechanism is a core name from the :data:`attnlab.layers.CORES` registry (``sdpa``,
+``eager``, ``performer``, ``reformer``, and any core registered later), built exactly as the
+attention layer builds it (``CORES.build(PartSpec(name, options), ctx=..., dropout=0)``), with
+the context of one layer of ``heads`` x ``d_head`` trained at ``max_seq_len = seq_len``. Inputs
+are random ``[batch, heads, seq_len, d_head]`` q, k, v (fixed seed, shared by all mechanisms);
+the call is the core's forward with ``scale = d_head ** -0.5`` and no mask or bias, in eval
+mode for ``fwd`` and train mode for ``fwdbwd`` (q, k, v and the core's parameters get grads).
+
+Per length, all mechanisms are timed side by side (alternating reps, ``time_side_by_side``)
+and each one's peak memory is measured (``peak_memory_mb``); ratios are against ``sdpa`` at the
+same length, measured in the same rounds.
+
+Memory guard: before a length is run, each mechanism's peak is extrapolated from the two
+largest lengths measured so far (two small probe lengths before the first) as
+``a * T + b * T^2`` with ``a, b >= 0``, plus its inputs; one needing more than ``max_mem_gb``
+GiB is not run and gets a record with ``"skipped": reason``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnlab.bench.common import (
+    PASSES,
+    Record,
+    fill_ratios,
+    fwd,
+    fwdbwd,
+    machine_info,
+    peak_memory_mb,
+    time_side_by_side,
+    write_json,
+)
+from attnlab.config import ConfigError, PartSpec, apply_override
+from attnlab.layers import CORES, AttentionCore, LayerContext
+
+logger = logging.getLogger(__name__)
+
+BENCH = "attention"
+BASELINE = "sdpa"
+PREFERRED = ("sdpa", "eager", "sea", "performer", "reformer")
+DEFAULT_SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
+SLOPE_RANGE = (2048, 16384)
+MAX_MEM_FRACTION = 0.4
+MIB = 2**20
+GIB = 2**30
+
+
+def default_mechanisms() -> list[str]:
+    """The cores of ``PREFERRED`` that are registered, in that order."""
+    registered = set(CORES.names())
+    return [m for m in PREFERRED if m in registered]
+
+
+def default_max_mem_gb(device: torch.device | str = "cpu") -> float:
+    """``MAX_MEM_FRACTION`` of the device's memory (CUDA: the GPU's; CPU: physical RAM), GiB."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return MAX_MEM_FRACTION * total / GIB
+
+
+def core_specs(mechanisms: Sequence[str], overrides: Sequence[str] = ()) -> dict[str, PartSpec]:
+    """One validated :class:`PartSpec` per mechanism; ``overrides`` are ``MECH.OPTION=VALUE``
+    (value parsed as YAML) setting the mechanism's core options. Raises ``ConfigError`` for an
+    unknown core (listing the registered ones) or option."""
+    data: dict[str, Any] = {m: {"name": m} for m in mechanisms}
+    for assignment in overrides:
+        key = assignment.split("=", 1)[0].strip()
+        mech, dot, option = key.partition(".")
+        if "=" not in assignment or not dot or not option:
+            raise ConfigError(f"--set {assignment!r} must look like MECHANISM.OPTION=VALUE")
+        if mech not in data:
+            raise ConfigError(f"--set {assignment!r}: {mech!r} is not a benchmarked mechanism "
+                              f"({list(data)})")
+        apply_override(data, assignment)
+    specs = {m: PartSpec.parse(d, f"mechanism {m}") for m, d in data.items()}
+    for spec in specs.values():
+        CORES.options(spec)  # unknown name or option -> ConfigError
+    return specs
+
+
+def build_core(
+    spec: PartSpec,
+    *,
+    heads: int,
+    d_head: int,
+    seq_len: int,
+    causal: bool,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> AttentionCore:
+    """The core as an attention layer of ``heads`` x ``d_head`` (``max_seq_len = seq_len``)
+    would build it."""
+    ctx = LayerContext(
+        d_model=heads * d_head, n_heads=heads, d_head=d_head, causal=causal,
+        max_seq_len=seq_len, layer_idx=0, n_layers=1, init_scale=1.0,
+    )
+    return CORES.build(spec, ctx=ctx, dropout=0.0).to(device=device, dtype=dtype)
+
+
+def _inputs(
+    batch: int, heads: int, seq_len: int, d_head: int, *, grad: bool, dtype: torch.dtype,
+    device: torch.device, seed: int,
+) -> list[Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(batch, heads, seq_len, d_head, generator=gen)
+        .to(device=device, dtype=dtype).requires_grad_(grad)
+        for _ in range(3)
+    ]
+
+
+def _call(core: AttentionCore, qkv: Sequence[Tensor], pass_: str) -> Callable[[], None]:
+    q, k, v = qkv
+    scale = q.shape[-1] ** -0.5
+
+    def forward() -> Tensor:
+        return core(q, k, v, scale=scale).out
+
+    if pass_ == "fwd":
+        core.eval()
+        return fwd(forward)
+    core.train()
+    return fwdbwd(forward, [*qkv, *core.parameters()])
+
+
+def extrapolate_bytes(points: Sequence[tuple[int, float]], seq_len: int) -> float:
+    """Peak bytes at ``seq_len`` from the last two ``(seq_len, bytes)`` points, as
+    ``a * T + b * T^2`` through both with ``a, b >= 0`` (when the exact fit has a negative
+    term, the other term alone is fitted to the steeper of the two points)."""
+    (t1, m1), (t2, m2) = points[-2:]
+    det = t1 * t2 * (t2 - t1)
+    a = (m1 * t2 * t2 - m2 * t1 * t1) / det
+    b = (m2 * t1 - m1 * t2) / det
+    if b < 0:
+        a, b = max(m1 / t1, m2 / t2), 0.0
+    elif a < 0:
+        a, b = 0.0, max(m1 / t1**2, m2 / t2**2)
+    return a * seq_len + b * seq_len**2
+
+
+def probe_lengths(seq_lens: Sequence[int]) -> tuple[int, int]:
+    """Two small lengths (``P``, ``2P``; ``P = smallest / 4``, within [4, 256]) whose peak
+    memory seeds the extrapolation for the first real length."""
+    p = max(4, min(256, min(seq_lens) // 4))
+    return p, 2 * p
+
+
+def _shape(seq_len: int, heads: int, d_head: int, batch: int, causal: bool,
+           dtype: torch.dtype) -> dict[str, Any]:
+    return {"seq_len": seq_len, "heads": heads, "d_head": d_head, "batch": batch,
+            "causal": causal, "dtype": str(dtype).removeprefix("torch.")}
+
+
+def run(
+    mechanisms: Sequence[str] | None = None,
+    seq_lens: Sequence[int] = DEFAULT_SEQ_LENS,
+    *,
+    causal: bool = True,
+    pass_: str = "fwd",
+    heads: int = 12,
+    d_head: int = 64,
+    batch: int = 1,
+    dtype: torch.dtype = torch.float32,
+    options: Sequence[str] = (),
+    reps: int = 10,
+    max_mem_gb: float | None = None,
+    json_path: str | os.PathLike[str] | None = None,
+    plot_path: str | os.PathLike[str] | None = None,
+    device: str = "cpu",
+    seed: int = 0,
+) -> list[Record]:
+    """Benchmark every mechanism at every length (ascending); returns the records, ratios
+    against ``sdpa`` filled (``sdpa`` is added first when missing). Writes the JSON (with the
+    ``summarize`` summary) and the plot when paths are given. Defaults: OPT-125M's 12 heads of
+    64, batch 1, causal, forward only."""
+    if pass_ not in PASSES:
+        raise ValueError(f"unknown pass {pass_!r}; known: {PASSES}")
+    if plot_path is not None:
+        from attnlab.bench.plot import require_matplotlib
+
+        require_matplotlib()  # fail before the measurements, not after
+    mechs = list(dict.fromkeys(default_mechanisms() if mechanisms is None else mechanisms))
+    if not mechs:
+        raise ConfigError(f"no mechanisms given; registered cores: {CORES.names()}")
+    if BASELINE not in mechs:
+        logger.info("adding the baseline %r to the mechanisms", BASELINE)
+        mechs.insert(0, BASELINE)
+    specs = core_specs(mechs, options)
+    lengths = sorted(set(seq_lens))
+    if not lengths or lengths[0] < 1:
+        raise ValueError(f"seq_lens must be positive, got {list(seq_lens)}")
+    dev = torch.device(device)
+    budget = (default_max_mem_gb(dev) if max_mem_gb is None else max_mem_gb) * GIB
+    grad = pass_ == "fwdbwd"
+    elt = torch.empty((), dtype=dtype).element_size()
+    logger.info("attention %s, %s, batch %d, %d heads x %d, %s; memory budget %.1f GiB",
+                pass_, "causal" if causal else "bidirectional", batch, heads, d_head,
+                str(dtype).removeprefix("torch."), budget / GIB)
+
+    def prepared(seq_len: int) -> tuple[list[Tensor], dict[str, Callable[[], None]]]:
+        qkv = _inputs(batch, heads, seq_len, d_head, grad=grad, dtype=dtype, device=dev,
+                      seed=seed)
+        calls = {}
+        for m in mechs:
+            torch.manual_seed(seed)  # random features / rotations drawn alike every run
+            core = build_core(specs[m], heads=heads, d_head=d_head, seq_len=seq_len,
+                              causal=causal, device=dev, dtype=dtype)
+            calls[m] = _call(core, qkv, pass_)
+        return qkv, calls
+
+    history: dict[str, list[tuple[int, float]]] = {m: [] for m in mechs}
+    for t in probe_lengths(lengths):
+        _, calls = prepared(t)
+        for m, call in calls.items():
+            history[m].append((t, peak_memory_mb(call, dev) * MIB))
+
+    records: list[Record] = []
+    for seq_len in lengths:
+        shape = _shape(seq_len, heads, d_head, batch, causal, dtype)
+        inputs_bytes = 3 * batch * heads * seq_len * d_head * elt * (2 if grad else 1)
+        skipped: dict[str, str] = {}
+        for m in mechs:
+            need = extrapolate_bytes(history[m], seq_len) + inputs_bytes
+            if need > budget:
+                (t1, _), (t2, _) = history[m][-2:]
+                skipped[m] = (f"needs ~{need / GIB:.1f} GiB (extrapolated from seq_len {t1} and "
+                              f"{t2}), over the {budget / GIB:.1f} GiB limit (--max-mem-gb)")
+        if BASELINE in skipped:
+            for m in mechs:
+                skipped.setdefault(m, f"baseline {BASELINE!r} skipped: {skipped[BASELINE]}")
+        for m, reason in skipped.items():
+            logger.warning("skipping %s at seq_len %d: %s", m, seq_len, reason)
+        qkv, calls = prepared(seq_len)
+        calls = {m: c for m, c in calls.items() if m not in skipped}
+        timings = time_side_by_side(calls, reps, device=dev) if calls else {}
+        for m in mechs:
+            if m in skipped:
+                records.append(Record(BENCH, m, pass_, shape, None, None, None,
+                                      skipped=skipped[m]))
+                continue
+            mem = peak_memory_mb(calls[m], dev)
+            history[m].append((seq_len, mem * MIB))
+            timing = timings[m]
+            records.append(Record(BENCH, m, pass_, shape, timing.median, timing.min, mem))
+            logger.info("seq_len %d %s %s: %.2f ms (min %.2f), %.1f MiB",
+                        seq_len, m, pass_, timing.median, timing.min, mem)
+        del qkv, calls
+    fill_ratios(records, BASELINE)
+    for r in records:  # after the ratios: options are per mechanism, the grouping is by shape
+        if specs[r.name].options:
+            r.shape = {**r.shape, "options": dict(specs[r.name].options)}
+    if json_path is not None:
+        write_json(json_path, records, summary=summarize(records))
+    if plot_path is not None:
+        from attnlab.bench.plot import machine_label, plot_scaling
+
+        plot_scaling(records, plot_path, title=_title(records, machine_label(machine_info())))
+    return records
+
+
+# ---------------------------------------------------------------- summary
+
+
+def loglog_slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """Least-squares slope of ``log y`` against ``log x``; None with fewer than two x."""
+    if len({x for x, _ in points}) < 2:
+        return None
+    lx = [math.log(x) for x, _ in points]
+    ly = [math.log(y) for _, y in points]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True)) / sum(
+        (a - mx) ** 2 for a in lx
+    )
+
+
+def _series(records: Sequence[Record], field: str) -> dict[str, list[tuple[int, float]]]:
+    out: dict[str, list[tuple[int, float]]] = {}
+    for r in records:
+        out.setdefault(r.name, [])
+        value = getattr(r, field)
+        if r.skipped is None and value is not None and value > 0:
+            out[r.name].append((r.shape["seq_len"], value))
+    return {name: sorted(points) for name, points in out.items()}
+
+
+def summarize(records: Sequence[Record]) -> dict[str, dict[str, float]]:
+    """Log-log slopes per mechanism (least squares over its measured lengths):
+    ``slopes`` of time; ``slopes_2k_16k`` of time over the lengths in [2048, 16384], only when
+    both ends were measured; ``mem_slopes`` of peak memory."""
+    lo, hi = SLOPE_RANGE
+    slopes, ranged, mem = {}, {}, {}
+    for name, points in _series(records, "ms_median").items():
+        if (s := loglog_slope(points)) is not None:
+            slopes[name] = s
+        xs = {x for x, _ in points}
+        if lo in xs and hi in xs:
+            ranged[name] = loglog_slope([(x, y) for x, y in points if lo <= x <= hi])
+    for name, points in _series(records, "peak_mem_mb").items():
+        if (s := loglog_slope(points)) is not None:
+            mem[name] = s
+    return {"slopes": slopes, "slopes_2k_16k": ranged, "mem_slopes": mem}
+
+
+def _title(records: Sequence[Record], machine: str) -> str:
+    r = records[0]
+    s = r.shape
+    kind = "causal" if s["causal"] else "bidirectional"
+    return (f"attention core, {r.pass_}, {kind}: batch {s['batch']}, {s['heads']} heads x "
+            f"{s['d_head']}, {s['dtype']}\n{machine}")
+
+
+def format_summary(records: Sequence[Record], summary: Mapping[str, Any] | None = None) -> str:
+    """Markdown: time (and ratio vs sdpa) and peak memory (and ratio vs eager, when measured)
+    by length and mechanism, then the slopes of ``summarize``."""
+    summary = summarize(records) if summary is None else summary
+    names = list(dict.fromkeys(r.name for r in records))
+    lengths = sorted({r.shape["seq_len"] for r in records})
+    cell = {(r.shape["seq_len"], r.name): r for r in records}
+    head = "| seq_len | " + " | ".join(names) + " |"
+    rule = "|" + "---|" * (len(names) + 1)
+
+    def table(fmt: Callable[[Record, int], str]) -> list[str]:
+        rows = [head, rule]
+        for t in lengths:
+            cells = []
+            for n in names:
+                r = cell.get((t, n))
+                cells.append("" if r is None else "skipped" if r.skipped else fmt(r, t))
+            rows.append(f"| {t} | " + " | ".join(cells) + " |")
+        return rows
+
+    def time_cell(r: Record, t: int) -> str:
+        ratio = "" if r.ratio is None else f" ({r.ratio:.2f}x)"
+        return f"{r.ms_median:.1f}{ratio}"
+
+    def mem_cell(r: Record, t: int) -> str:
+        ref = cell.get((t, "eager"))
+        if ref is None or ref.skipped or not ref.peak_mem_mb:
+            return f"{r.peak_mem_mb:.1f}"
+        return f"{r.peak_mem_mb:.1f} ({r.peak_mem_mb / ref.peak_mem_mb:.3f}x)"
+
+    mem_title = "peak memory, MiB (x eager)" if "eager" in names else "peak memory, MiB"
+    lines = [f"time, median ms (x {BASELINE}):", *table(time_cell), "",
+             f"{mem_title}:", *table(mem_cell), "",
+             "log-log slope vs seq_len:",
+             "| mechanism | time (all lengths) | time (2k-16k) | memory (all lengths) |",
+             "|---|---|---|---|"]
+
+    def fmt(key: str, name: str) -> str:
+        value = summary.get(key, {}).get(name)
+        return "" if value is None else f"{value:.2f}"
+
+    for n in names:
+        lines.append(f"| {n} | {fmt('slopes', n)} | {fmt('slopes_2k_16k', n)} | "
+                     f"{fmt('mem_slopes', n)} |")
+    return "\n".join(lines)
