@@ -67,6 +67,11 @@ def plot_scaling(
         ax.set_ylabel(label)
         ax.grid(True, which="major", alpha=0.3)
     ax_t.legend(loc="upper left")  # scaling lines rise to the right
+    return save_figure(fig, path, title)
+
+
+def save_figure(fig: Any, path: str | os.PathLike[str], title: str = "") -> Path:
+    """Give ``fig`` its title (if any) and write it as a PNG, creating the parent folder."""
     if title:
         fig.suptitle(title, fontsize=10)
     path = Path(path)

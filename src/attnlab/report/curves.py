@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.bench.plot import require_matplotlib
+from attnlab.bench.plot import require_matplotlib, save_figure
 
 
 @dataclasses.dataclass
@@ -89,9 +89,4 @@ def plot_curves(runs: Sequence[RunCurves], path: str | os.PathLike[str], title: 
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
     ax_eval.legend()
-    if title:
-        fig.suptitle(title, fontsize=10)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
+    return save_figure(fig, path, title)
