@@ -430,7 +430,8 @@ class SEACore(AttentionCore):
                          rank_to_pos, gates[..., rows, 0], scale)
             for rows in _row_blocks(t_q, ROW_BLOCK)
         ], dim=-2)
-        mixed = self._mix(attended, gates[..., 1:], v, probs, lengths, key_padding_mask, t_q)
+        mixed = self._mix(attended, gates[..., 1:], v, probs, lengths, key_padding_mask,
+                          rank_to_pos)
         out = mixed if self.output_norm is None else self.output_norm(mixed) + mixed
         aux = {}
         if self.training and self.loss_weight:
@@ -474,16 +475,16 @@ class SEACore(AttentionCore):
         within = torch.arange(self.n_bins, device=probs.device) % 4
         return torch.where(probs >= 0, probs - step * within, probs)
 
-    def _mix(self, attended, mix_gate, v, probs, lengths, key_mask, t_q) -> Tensor:
+    def _mix(self, attended, mix_gate, v, probs, lengths, key_mask, rank_to_pos) -> Tensor:
         """``sigmoid(s1) * attended + (1 - sigmoid(s1)) * average context``."""
-        h = attended.shape[1]
+        h, t_q = attended.shape[1], attended.shape[2]
         if self.causal:
             avg = expand_kv_heads(causal_mean(v, key_mask, t_q), h)
         else:
             v_by_rank = expand_kv_heads(v, h)
-            if key_mask is not None:
-                order = torch.argsort((~key_mask).to(torch.uint8), dim=-1, stable=True)
-                v_by_rank = v_by_rank.gather(2, order[:, None, :, None].expand_as(v_by_rank))
+            if rank_to_pos is not None:
+                index = rank_to_pos[:, None, :, None].expand_as(v_by_rank)
+                v_by_rank = v_by_rank.gather(2, index)
             query_mask = None if key_mask is None else key_mask[:, -t_q:]
             avg = estimate_weighted_mean(v_by_rank, probs.clamp_min(0), lengths[:, 0], query_mask)
         return mix_gate * attended.to(mix_gate.dtype) + (1 - mix_gate) * avg
