@@ -1,5 +1,9 @@
 """expert_matmul: every backend against the naive reference (forward and the gradients of x,
-weight and gate), dtype-scaled tolerances, edge cases, argument errors, memory, MAC count."""
+weight and gate), dtype-scaled tolerances, edge cases, argument errors, memory, MAC count.
+
+The grouped backend runs in two plans, "padded" (one bmm) and "ragged" (one mm per expert); the
+pseudo-backends "grouped-padded" and "grouped-ragged" force one of them, "grouped" lets the
+``PAD_MAX_WASTE`` rule choose."""
 
 from __future__ import annotations
 
@@ -18,8 +22,10 @@ from attnlab.ops.expert_matmul import (
     expert_matmul,
     expert_matmul_macs,
     expert_matmul_naive,
+    segments,
 )
 from attnlab.ops.expert_matmul.layout import check_inputs
+from attnlab.ops.expert_matmul.segments import plan_segments
 from attnlab.utils.testing import assert_close, rel_rms_error
 
 F64 = torch.float64
@@ -30,8 +36,19 @@ if HAS_TRITON and not torch.cuda.is_available():
 TRITON = pytest.param(
     "triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 )
-FAST = ["grouped", "dense", "auto", TRITON]
+FAST = ["grouped-padded", "grouped-ragged", "dense", "auto", TRITON]
+GROUPED_PLANS = {"grouped-padded": float("inf"), "grouped-ragged": 0.0}  # PAD_MAX_WASTE
 LAYOUTS = {"x2d": False, "x3d": True}
+
+
+@pytest.fixture
+def backend(request, monkeypatch):
+    """The backend name to pass (parametrized indirectly); "grouped-padded" / "grouped-ragged"
+    run "grouped" with its plan forced through ``segments.PAD_MAX_WASTE``."""
+    if request.param in GROUPED_PLANS:
+        monkeypatch.setattr(segments, "PAD_MAX_WASTE", GROUPED_PLANS[request.param])
+        return "grouped"
+    return request.param
 
 
 def _case(per_group, gated, dtype=F64, n=11, groups=3, k=2, experts=7, k_in=5, k_out=6):
@@ -51,7 +68,7 @@ def _grads(out, leaves, upstream):
 @pytest.mark.parametrize("gated", [True, False], ids=["gate", "nogate"])
 @pytest.mark.parametrize("reduce", ["none", "slots", "all"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("backend", FAST, indirect=True)
 def test_float64_matches_reference(backend, layout, reduce, gated):
     x, weight, sel, gate, leaves = _case(LAYOUTS[layout], gated)
     out = expert_matmul(x, weight, sel, gate, reduce=reduce, backend=backend)
@@ -74,7 +91,7 @@ LOW_PRECISION_CASES = {
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("case", list(LOW_PRECISION_CASES))
-@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("backend", FAST, indirect=True)
 def test_low_precision_error_within_twice_reference_error(backend, case, dtype):
     """FlashAttention's rule: against a float64 truth, the fast path may be at most 2x as wrong
     as the naive reference computed in the same low dtype (forward and every gradient)."""
@@ -107,7 +124,7 @@ def test_low_precision_error_within_twice_reference_error(backend, case, dtype):
         assert_close(name, t, o, 2 * ref_err)
 
 
-@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("backend", FAST, indirect=True)
 def test_experts_without_tokens(backend):
     x, weight, sel, gate, leaves = _case(False, True, experts=8)
     sel = torch.where(sel % 2 == 0, 0, 3)[..., :1].expand(-1, -1, 2).clone()
@@ -123,7 +140,7 @@ def test_experts_without_tokens(backend):
 
 @pytest.mark.parametrize("reduce", ["none", "slots", "all"])
 @pytest.mark.parametrize("n", [0, 1])
-@pytest.mark.parametrize("backend", FAST + ["naive"])
+@pytest.mark.parametrize("backend", FAST + ["naive"], indirect=True)
 def test_zero_and_one_row(backend, n, reduce):
     x, weight, sel, gate, leaves = _case(True, True, n=n)
     out = expert_matmul(x, weight, sel, gate, reduce=reduce, backend=backend)
@@ -139,7 +156,7 @@ def test_zero_and_one_row(backend, n, reduce):
             assert_close("grad", r, g, 1e-12)
 
 
-@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("backend", FAST, indirect=True)
 def test_duplicate_ids_in_a_group_are_summed(backend):
     x, weight, _, _, _ = _case(False, False)
     sel = torch.full((11, 3, 2), 4)
@@ -206,19 +223,65 @@ def test_check_false_skips_the_range_reduction(monkeypatch):
     assert torch.equal(expert_matmul(**args, check=False), expected)
 
 
+@pytest.mark.parametrize("backend", ["grouped-padded", "grouped-ragged"], indirect=True)
 @pytest.mark.parametrize("per_group", [False, True], ids=["V-like", "O-like"])
-def test_grouped_backward_saves_no_per_slot_input_rows(per_group):
-    """The grouped backend keeps x, weight, gate, the sort permutation and, only when K_out <
-    K_in, the [M, K_out] products: never the gathered [M, K_in] input rows."""
+def test_grouped_backward_saves_no_per_slot_input_rows(backend, per_group):
+    """The grouped backend keeps x, weight, gate, the slot map (slot per position ``[P]``,
+    position per slot ``[M]``, pad positions ``[P - M]``) and, only when K_out < K_in, the
+    [P, K_out] products: never the gathered [P, K_in] input rows."""
     k_in, k_out = (12, 40) if per_group else (40, 12)
     x, weight, sel, gate, leaves = _case(per_group, True, n=50, k_in=k_in, k_out=k_out)
     saved: list[torch.Tensor] = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        expert_matmul(x, weight, sel, gate, reduce="all", backend="grouped")
-    slots = sel.numel()
+        expert_matmul(x, weight, sel, gate, reduce="all", backend=backend)
+    padded = segments.PAD_MAX_WASTE == float("inf")  # "grouped-padded"
+    positions = 7 * int(torch.bincount(sel.reshape(-1)).max()) if padded else sel.numel()
     inputs = sum(t.numel() for t in leaves)
-    products = 0 if per_group else slots * k_out
-    assert sum(t.numel() for t in saved) == inputs + slots + products
+    products = 0 if per_group else positions * k_out
+    assert sum(t.numel() for t in saved) == inputs + 2 * positions + products
+
+
+def _imbalanced(n=40, groups=2, k=2, experts=6):
+    """Ids where expert 0 is in almost every group: E * max(count) is ~E/k times the slots."""
+    sel = torch.stack([torch.zeros(n, groups, dtype=torch.long),
+                       torch.randint(1, experts, (n, groups))], dim=-1)
+    return sel[..., :k]
+
+
+def test_plan_pads_while_the_rows_stay_within_max_waste():
+    balanced = torch.arange(60) % 6
+    seg = plan_segments(balanced, 6)
+    assert seg.padded and seg.pads.numel() == 0 and seg.lengths == [10] * 6
+    skewed = torch.cat([torch.zeros(10, dtype=torch.long), torch.arange(1, 6).repeat(8)])
+    seg = plan_segments(skewed, 6, max_waste=1.2)  # 6 * 10 = 60 rows for 50 slots: padded
+    assert seg.padded and seg.slot.numel() == 60 and seg.pads.numel() == 10
+    assert torch.equal(seg.slot[seg.pos], torch.arange(50))  # pos and slot are inverse
+    assert torch.equal(skewed[seg.slot].view(6, 10)[:, :8], torch.arange(6)[:, None].expand(6, 8))
+    tails = (torch.arange(1, 6) * 10)[:, None] + torch.tensor([8, 9])  # experts 1-5: 8 of 10
+    assert torch.equal(seg.pads, tails.ravel())
+    seg = plan_segments(skewed, 6, max_waste=1.19)
+    assert not seg.padded and seg.lengths == [10, 8, 8, 8, 8, 8] and seg.pads.numel() == 0
+    imbalanced = _imbalanced().reshape(-1)
+    seg = plan_segments(imbalanced, 6)  # default rule: 6 * 80 rows for 160 slots is ragged
+    assert not seg.padded and seg.slot.numel() == 160 and seg.pads.numel() == 0
+    assert torch.equal(imbalanced[seg.slot], imbalanced.sort().values)
+    assert plan_segments(torch.zeros(0, dtype=torch.long), 3).slot.numel() == 0
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gate", "nogate"])
+@pytest.mark.parametrize("reduce", ["none", "slots", "all"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_imbalanced_routing_falls_back_to_ragged_and_matches(layout, reduce, gated):
+    x, weight, _, gate, leaves = _case(LAYOUTS[layout], gated, n=40, groups=2, experts=6)
+    sel = _imbalanced()
+    assert not plan_segments(sel.reshape(-1), 6).padded
+    out = expert_matmul(x, weight, sel, gate, reduce=reduce, backend="grouped")
+    ref = expert_matmul_naive(x, weight, sel, gate, reduce=reduce)
+    assert_close("out", ref, out, 1e-12)
+    upstream = torch.randn_like(ref)
+    for g_out, g_ref in zip(_grads(out, leaves, upstream), _grads(ref, leaves, upstream),
+                            strict=True):
+        assert_close("grad", g_ref, g_out, 1e-12)
 
 
 def test_auto_rule(monkeypatch):
@@ -229,6 +292,8 @@ def test_auto_rule(monkeypatch):
 
     cpu = torch.device("cpu")
     assert choose_backend(layout(4, 1, 2), cpu) == "dense"  # 2x MACs
+    assert choose_backend(layout(8, 2, 2), cpu) == "dense"  # 2x: tiny SwitchHead V (2 x 4)
+    assert choose_backend(layout(8, 2, 2, per_group=True, reduce="all"), cpu) == "dense"  # O
     assert choose_backend(layout(16, 1, 1), cpu) == "grouped"  # 16x MACs
     assert choose_backend(layout(10, 2, 2), cpu) == "grouped"  # 2.5x: SwitchHead 47M V
     monkeypatch.setattr("attnlab.ops.expert_matmul.dispatch.triton_available", lambda: True)

@@ -3,22 +3,26 @@
 ``backend="auto"`` (``choose_backend``) runs "triton" for CUDA tensors when triton is
 importable; otherwise "dense" when its MAC overhead ``dense_mac_ratio`` (``E / (G * k)``, or
 ``E / k`` for per-group input not reduced over groups) is at most ``DENSE_MAX_RATIO``, else
-"grouped".
+"grouped" (which itself pads to one bmm or loops over experts, by the routing it sees:
+``segments.PAD_MAX_WASTE``).
 
-Measurements behind the threshold (2-core AMD EPYC, torch 2.13 CPU, 2 threads; median of 9
-alternated reps, started only when the machine was idle; dense time / grouped time, so < 1
-means dense is faster; N=4096, "V": [N, 412] -> [N, G, 76] reduce slots, "O": [N, G, 76] ->
-[N, 412] reduce all)::
+Measurements behind the threshold (2-core AMD EPYC, torch 2.13 CPU, 2 threads; SwitchHead-style
+routing, so "grouped" ran padded; dense time / grouped time, so < 1 means dense is faster; the
+machine was shared and loaded, so process CPU time, min of 7-11 alternated reps, wall-clock
+minima agreeing; "V": [N, 412] -> [N, G, 76] reduce slots, "O": [N, G, 76] -> [N, 412] reduce
+all, G = k = 2, N = 4096 unless said)::
 
-    MAC ratio          1.67       2.0        2.5        4.0        5.0
-    fp32 fwd+bwd  V    0.56       0.92       0.97       1.64       2.81
-    fp32 fwd+bwd  O    0.52       0.79       0.92       1.89       2.50
-    bf16 fwd+bwd  V    0.59       0.97       1.12       1.50       1.71
-    bf16 fwd+bwd  O    0.36       0.87       1.03       1.47       1.85
-    (forward only follows the same pattern: 0.32-0.97 at <= 2, 0.82-1.10 at 2.5, >= 1.28 at 4)
+    MAC ratio               1.5        2.0        2.5        4.0
+    fp32 fwd       V / O    0.65/0.67  0.84/0.85  0.95/1.02  1.65/1.58
+    fp32 fwd+bwd   V / O    0.69/0.78  0.99/0.93  1.11/1.37  1.93/2.15
+    fp32 fwd+bwd N=1024     -          0.81/0.76  0.92/1.35  -
+    bf16 fwd+bwd   V / O    1.07/1.04  1.44/1.51  1.79/1.60  -
 
-At 2.5 (SwitchHead 47M: E=10 over G=2, k=2) it is a tie at N=4096 and grouped wins at N=1024
-(fp32 1.33 / 1.05); the tie goes to "grouped", which saves 2.5x less for backward.
+The tiny SwitchHead (d_model 128, d_head 28, 2 heads x 4 experts: ratio 2.0) prefers dense
+clearly: fp32 fwd+bwd 0.86/0.83 at N=2048 and 0.70/0.77 at N=4096, fwd 0.47-0.59; bf16 0.61/0.61.
+So the threshold stays 2.0 for every dtype, although bf16 at the 47M widths ties at 1.5 and
+would prefer grouped at 2.0 (a size- and dtype-dependent rule was not worth it). At 2.5
+(SwitchHead 47M) grouped wins fwd+bwd and ties the forward.
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ from attnlab.ops.expert_matmul.naive import expert_matmul_naive
 
 BACKENDS = ("auto", "grouped", "dense", "naive", "triton")
 DENSE_MAX_RATIO = 2.0
-"""Largest dense/useful MAC ratio at which "auto" picks the dense backend (fp32 and bf16
-measured alike; see the module docstring)."""
+"""Largest dense/useful MAC ratio at which "auto" picks the dense backend (see the module
+docstring)."""
 
 
 @functools.cache
@@ -88,7 +92,8 @@ def expert_matmul(
     ``reduce="none"``, ``[N, G, K_out]`` for "slots" (sum over j), ``[N, K_out]`` for "all"
     (sum over g and j). Differentiable in x, weight and gate (once).
 
-    ``backend``: "auto" (see ``choose_backend``), "grouped" (sort + per-expert GEMMs),
+    ``backend``: "auto" (see ``choose_backend``), "grouped" (sort, then one padded bmm or,
+    for very imbalanced routing, one GEMM per expert),
     "dense" (all-experts GEMMs), "naive" (the reference) or "triton" (CUDA, or CPU under
     ``TRITON_INTERPRET=1``). ``check=False`` skips the value range check of ``sel`` (a min/max
     reduction; on CUDA also a host sync). Out-of-range ids are then undefined behaviour.
