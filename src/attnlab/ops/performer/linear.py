@@ -66,7 +66,7 @@ def _causal_key_features(
     return torch.exp(shifted) / proj.shape[0] ** 0.5, running
 
 
-def _causal_chunked(
+def _causal_stabilised(
     phi_q: Tensor,
     phi_k: Tensor,
     v: Tensor,
@@ -74,7 +74,8 @@ def _causal_chunked(
     state: PerformerState,
     chunk_size: int,
 ) -> tuple[Tensor, Tensor, PerformerState]:
-    """Causal numerator ``[B,Hk,G,T,Dv]`` and denominator ``[B,Hk,G,T]``, chunk by chunk.
+    """Causal numerator ``[B,Hk,G,T,Dv]`` and denominator ``[B,Hk,G,T]`` for features with a
+    running stabiliser (softmax kernel), chunk by chunk.
 
     Inside a chunk a ``chunk x chunk`` masked product; across chunks the carried ``state``.
     ``running`` ``[B,Hk,T]`` is the log-scale each key's features are relative to.
@@ -102,6 +103,37 @@ def _causal_chunked(
         k_sum = k_sum * shrink.unsqueeze(-1) + fk_last.sum(-2)
         stab = last
     return torch.cat(nums, dim=-2), torch.cat(dens, dim=-1), PerformerState(kv, k_sum, stab)
+
+
+def _causal_plain(
+    phi_q: Tensor, phi_k: Tensor, v: Tensor, state: PerformerState, chunk_size: int
+) -> tuple[Tensor, Tensor, PerformerState]:
+    """:func:`_causal_stabilised` for features without a stabiliser (ReLU kernel), all chunks
+    at once: a masked ``chunk x chunk`` product per chunk plus exclusive prefix sums of the
+    chunks' ``phi(k)^T v`` (``[B,Hk,T/chunk,m,Dv]``), so no Python loop runs over T."""
+    kv, k_sum, stab = state
+    b, hk, g, t, m = phi_q.shape
+    c = min(chunk_size, t)
+    n = -(-t // c)
+    pad = n * c - t  # zero rows: zero features and values, after every real key
+
+    def chunks(x: Tensor, lead: int) -> Tensor:
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad))
+        return x.reshape(*x.shape[:lead], n, c, x.shape[-1])
+
+    fq, fk, vc = chunks(phi_q, 3), chunks(phi_k, 2), chunks(v, 2)
+    tril = torch.ones(c, c, dtype=torch.bool, device=fk.device).tril()
+    scores = torch.einsum("bhgnim,bhnjm->bhgnij", fq, fk).masked_fill(~tril, 0.0)
+    chunk_kv = fk.transpose(-1, -2) @ vc  # [B, Hk, n, m, Dv]
+    chunk_ks = fk.sum(-2)  # [B, Hk, n, m]
+    past_kv = torch.cat((kv.unsqueeze(2), chunk_kv[:, :, :-1]), 2).cumsum(2)
+    past_ks = torch.cat((k_sum.unsqueeze(2), chunk_ks[:, :, :-1]), 2).cumsum(2)
+    num = scores @ vc.unsqueeze(2) + fq @ past_kv.unsqueeze(2)
+    den = scores.sum(-1) + torch.einsum("bhgnim,bhnm->bhgni", fq, past_ks)
+    state = PerformerState(past_kv[:, :, -1] + chunk_kv[:, :, -1],
+                           past_ks[:, :, -1] + chunk_ks[:, :, -1], stab)
+    return (num.reshape(b, hk, g, n * c, -1)[..., :t, :],
+            den.reshape(b, hk, g, n * c)[..., :t], state)
 
 
 def performer_attention(
@@ -173,10 +205,10 @@ def performer_attention(
             state = _initial_state(phi_q, v.shape[-1], kernel, hk)
         if kernel == "softmax":
             phi_k, running = _causal_key_features(ks, proj, valid, state.stabiliser)
+            num, den, state = _causal_stabilised(phi_q, phi_k, vs, running, state, chunk_size)
         else:
             phi_k = feature_map(ks, proj, kernel, is_query=False, valid=valid)
-            running = state.stabiliser.unsqueeze(-1).expand(b, hk, t_k)
-        num, den, state = _causal_chunked(phi_q, phi_k, vs, running, state, chunk_size)
+            num, den, state = _causal_plain(phi_q, phi_k, vs, state, chunk_size)
     else:
         phi_k = feature_map(ks, proj, kernel, is_query=False, valid=valid)
         num = torch.einsum("bhgim,bhmd->bhgid", phi_q, phi_k.transpose(-1, -2) @ vs)

@@ -106,28 +106,22 @@ def select_cells(
     return chosen.view(b, t, h, n_bins).permute(0, 2, 1, 3)
 
 
-def cell_keys(
+def cell_runs(
     bins: Tensor, keep: Tensor, lengths: Tensor, n_bins: int, cap: int
-) -> tuple[Tensor, Tensor]:
-    """Key ranks of listed cells, at most ``cap`` per cell (evenly spaced when wider).
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Listed cells as runs of ranks: (lo, width, count), each int64 ``[B, T, C]``.
 
-    bins, keep ``[B, T, C]``; lengths ``[B, T]``. Returns (ranks int64, valid bool), each
-    ``[B, T, C, W]`` with ``W`` = the widest kept cell (at most ``cap``); invalid ranks are 0.
+    A kept cell of bin ``b`` covers ranks ``[edge(b), edge(b + 1))`` (``width`` of them) and
+    keeps ``count = min(width, cap)`` evenly spaced ones (see
+    :func:`attnlab.ops.sparse_attention.run_keys`); cells not kept get ``count = 0``.
+    bins, keep ``[B, T, C]``; lengths ``[B, T]``.
     """
     if cap < 1:
         raise ValueError(f"the per-bin key cap must be >= 1, got {cap}")
     edges = bin_edges(lengths, n_bins)  # [B, T, K + 1]
     lo, hi = edges.gather(-1, bins), edges.gather(-1, bins + 1)
     width = hi - lo
-    count = torch.where(keep, width.clamp_max(cap), 0)
-    n_slots = max(1, int(count.max())) if count.numel() else 1
-    offset = torch.arange(n_slots, device=bins.device)
-    # slot o of a cell keeping n of its w keys -> rank lo + floor(o * w / n) (o when n == w)
-    ranks = lo[..., None] + (offset * width[..., None]).div(
-        count[..., None].clamp_min(1), rounding_mode="floor"
-    )
-    valid = offset < count[..., None]
-    return ranks.masked_fill(~valid, 0), valid
+    return lo, width, torch.where(keep, width.clamp_max(cap), 0)
 
 
 def decompress(selected: Tensor, lengths: Tensor, cap: int) -> tuple[Tensor, Tensor]:

@@ -2,6 +2,7 @@
 
 ``sparse_attention``: padded key lists per (head, row). ``cell_attention``: per row, a padded
 list of cells (one head's run of keys each), for selections split unevenly across heads.
+``run_attention``: the same cells described as runs of ranks, with a native CPU kernel.
 """
 
 from attnlab.ops.sparse_attention.cells import cell_attention
@@ -13,6 +14,7 @@ from attnlab.ops.sparse_attention.naive import (
     masked_attention,
     sparse_attention_naive,
 )
+from attnlab.ops.sparse_attention.runs import run_attention, run_attention_naive, run_keys
 
 __all__ = [
     "cell_attention",
@@ -20,6 +22,9 @@ __all__ = [
     "cell_mask",
     "index_mask",
     "masked_attention",
+    "run_attention",
+    "run_attention_naive",
+    "run_keys",
     "sparse_attention",
     "sparse_attention_naive",
 ]

@@ -1,0 +1,133 @@
+"""The optional native CPU kernel of :func:`~attnlab.ops.sparse_attention.run_attention`.
+
+``csrc/run_attention.cpp`` (no torch headers) is compiled on first use with the system C++
+compiler (``$CXX`` or ``c++``; ``-O3 -march=native -fopenmp``) into
+``<cache>/kernels/run_attention-<hash>.so`` and loaded with :mod:`ctypes`; the hash covers the
+source, the flags and this CPU's model and feature flags, so a shared cache never serves a
+library built for another processor. The build takes about a second and is written atomically
+(temp file, rename), so concurrent processes are safe.
+
+When no compiler is available, the build fails, or ``ATTNLAB_NATIVE=0`` is set,
+:func:`available` is False (logged once) and callers use the pure-PyTorch path, which computes
+the same result.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from attnlab.utils.io import default_cache_dir
+
+logger = logging.getLogger(__name__)
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
+DTYPES = {torch.float32: "attnlab_run_attention_f32", torch.float64: "attnlab_run_attention_f64"}
+
+
+def _cpu_fingerprint() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [line for line in lines if line.startswith(("model name", "flags"))]
+    return "\n".join(dict.fromkeys(keep))  # first core's lines, de-duplicated
+
+
+def _build(source: str, target: Path) -> None:
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found (set $CXX)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        src, out = Path(tmp) / "run_attention.cpp", Path(tmp) / target.name
+        src.write_text(source)
+        result = subprocess.run([compiler, *FLAGS, str(src), "-o", str(out)],
+                                capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} failed:\n{result.stderr.strip()[-2000:]}")
+        os.replace(out, target)
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get("ATTNLAB_NATIVE", "1") == "0":
+        logger.info("native CPU kernels disabled by ATTNLAB_NATIVE=0")
+        return None
+    source = (resources.files("attnlab.ops.sparse_attention") / "csrc" /
+              "run_attention.cpp").read_text()
+    key = hashlib.sha256("\0".join((source, *FLAGS, _cpu_fingerprint())).encode()).hexdigest()
+    target = default_cache_dir() / "kernels" / f"run_attention-{key[:16]}.so"
+    try:
+        if not target.exists():
+            logger.info("compiling the native run-attention kernel into %s", target)
+            _build(source, target)
+        lib = ctypes.CDLL(str(target))
+    except (OSError, RuntimeError) as err:
+        logger.warning("native CPU kernel unavailable, using the PyTorch path: %s", err)
+        return None
+    i64, ptr, dbl, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double, ctypes.c_int
+    for name in DTYPES.values():
+        fn = getattr(lib, name)
+        fn.argtypes = [ptr] * 10 + [i64] * 9 + [dbl, i32]
+        fn.restype = None
+    return lib
+
+
+def available() -> bool:
+    """Whether the native kernel is built and loaded (builds it on the first call)."""
+    return _library() is not None
+
+
+def supports(*tensors: Tensor) -> bool:
+    """Whether the native kernel can serve these inputs: CPU, float32/float64, no autograd."""
+    q = tensors[0]
+    return (
+        q.device.type == "cpu" and q.dtype in DTYPES
+        and all(t.dtype == q.dtype and t.device == q.device for t in tensors)
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        and available()
+    )
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def run_attention_native(
+    q: Tensor, k: Tensor, v: Tensor, cell_head: Tensor, cell_lo: Tensor, cell_count: Tensor,
+    cell_width: Tensor, *, scale: float, row_scale: Tensor | None,
+    rank_to_pos: Tensor | None,
+) -> Tensor:
+    """The kernel on validated inputs (see :func:`~attnlab.ops.sparse_attention.run_attention`);
+    callers check :func:`supports` first. Returns ``[B, H, Tq, Dv]``."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the native run-attention kernel is not available")
+    b, h, t_q, d = q.shape
+    hk, t_k, d_v = k.shape[1], k.shape[2], v.shape[-1]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    cells = [x.to(torch.int64).contiguous() for x in (cell_head, cell_lo, cell_count, cell_width)]
+    count = cells[2]
+    width = int(count.max()) if count.numel() else 0
+    r2p = None if rank_to_pos is None else rank_to_pos.to(torch.int64).contiguous()
+    rs = None if row_scale is None else row_scale.to(q.dtype).contiguous()
+    out = q.new_empty(b, h, t_q, d_v)
+    getattr(lib, DTYPES[q.dtype])(
+        _ptr(q), _ptr(k), _ptr(v), *(_ptr(x) for x in cells), _ptr(r2p), _ptr(rs), _ptr(out),
+        b, h, hk, t_q, t_k, d, d_v, cell_head.shape[-1], width, float(scale),
+        torch.get_num_threads(),
+    )
+    return out

@@ -1,0 +1,115 @@
+"""Exact attention over *runs*: cells given as ``(head, first rank, kept keys, width)``.
+
+SEA's selected cells are bins of consecutive key ranks, each thinned to at most ``k`` evenly
+spaced keys. Described as runs they need no per-key index list: slot ``o < count`` of a run
+reads rank ``lo + floor(o * width / count)`` (``lo + o`` when nothing is thinned), mapped to a
+key position by an optional ``rank_to_pos`` (ranks count real keys only, under padding).
+
+:func:`run_attention` computes it with the native CPU kernel (:mod:`.native`: keys read in
+place, an online softmax per head, no gathered copies) when the inputs allow (CPU, float32 or
+float64, no autograd), and otherwise expands the runs (:func:`run_keys`) for
+:func:`~attnlab.ops.sparse_attention.cell_attention`. :func:`run_attention_naive` is the dense
+reference.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnlab.ops.sparse_attention import native
+from attnlab.ops.sparse_attention.cells import cell_attention
+from attnlab.ops.sparse_attention.naive import cell_attention_naive
+
+
+def run_keys(
+    lo: Tensor, width: Tensor, count: Tensor, rank_to_pos: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Key positions of runs, padded to the longest: (index int64, valid bool) ``[B, T, C, W]``.
+
+    ``lo``, ``width``, ``count``: integer ``[B, T, C]`` (``0 <= count <= width``);
+    ``rank_to_pos``: ``[B, Tk]`` rank -> key position, or None (identity). Invalid slots hold 0.
+    """
+    n_slots = max(1, int(count.max())) if count.numel() else 1
+    offset = torch.arange(n_slots, device=lo.device)
+    # slot o of a run keeping n of its w ranks -> lo + floor(o * w / n) (o when n == w)
+    ranks = lo[..., None] + (offset * width[..., None]).div(
+        count[..., None].clamp_min(1), rounding_mode="floor"
+    )
+    valid = offset < count[..., None]
+    ranks = ranks.masked_fill(~valid, 0)
+    if rank_to_pos is not None:
+        ranks = rank_to_pos.gather(-1, ranks.flatten(1)).view_as(ranks)
+    return ranks, valid
+
+
+def _check_runs(q: Tensor, k: Tensor, head: Tensor, lo: Tensor, count: Tensor, width: Tensor,
+                rank_to_pos: Tensor | None) -> None:
+    b, h, t_q, _ = q.shape
+    t_k = k.shape[-2]
+    if head.dim() != 3 or head.shape[:2] != (b, t_q):
+        raise ValueError(f"cell_head must be [B, Tq, C] = [{b}, {t_q}, C], got "
+                         f"{tuple(head.shape)}")
+    for name, x in (("cell_lo", lo), ("cell_count", count), ("cell_width", width)):
+        if x.shape != head.shape or x.dtype.is_floating_point:
+            raise ValueError(f"{name} must be an integer tensor shaped like cell_head "
+                             f"{tuple(head.shape)}, got {x.dtype} {tuple(x.shape)}")
+    if rank_to_pos is not None and rank_to_pos.shape != (b, t_k):
+        raise ValueError(f"rank_to_pos must be [B, Tk] = [{b}, {t_k}], got "
+                         f"{tuple(rank_to_pos.shape)}")
+    if not head.numel():
+        return
+    used = count > 0
+    if int(head.min()) < 0 or int(head.max()) >= h:
+        raise ValueError(f"cell_head must lie in [0, {h}) (H = {h})")
+    if bool((count < 0).any() | (count > width).any()):
+        raise ValueError("cell_count must lie in [0, cell_width]")
+    if used.any() and (int(lo[used].min()) < 0 or int((lo + width)[used].max()) > t_k):
+        raise ValueError(f"runs must lie within the {t_k} keys: lo >= 0 and lo + width <= Tk")
+
+
+def run_attention(
+    q: Tensor, k: Tensor, v: Tensor, cell_head: Tensor, cell_lo: Tensor, cell_count: Tensor,
+    cell_width: Tensor, *, scale: float, row_scale: Tensor | None = None,
+    rank_to_pos: Tensor | None = None, query_chunk: int | None = None,
+) -> Tensor:
+    """Exact softmax attention of each query row over its runs' keys, per head.
+
+    Same result as :func:`~attnlab.ops.sparse_attention.cell_attention` on the expanded runs
+    (:func:`run_keys`): per (row, head) a softmax over the keys of that head's runs, times
+    ``row_scale``; a head without keys outputs 0. Precondition: no key twice within one
+    (row, head).
+
+    Args:
+        q: ``[B, H, Tq, D]``; k: ``[B, Hk, Tk, D]``; v: ``[B, Hk, Tk, Dv]`` (``Hk`` divides
+            ``H``; query head h reads key/value head ``h // (H // Hk)``).
+        cell_head, cell_lo, cell_count, cell_width: integer ``[B, Tq, C]``: each run's query
+            head, first rank, kept keys (0 = unused slot) and width in ranks.
+        row_scale: ``[B, H, Tq]`` multiplier of the probabilities, or None.
+        rank_to_pos: ``[B, Tk]`` key position of each rank, or None (rank = position).
+        query_chunk: rows per chunk of the PyTorch path (see ``cell_attention``).
+    Returns:
+        ``[B, H, Tq, Dv]`` in q's dtype.
+    """
+    _check_runs(q, k, cell_head, cell_lo, cell_count, cell_width, rank_to_pos)
+    tensors = [q, k, v] + ([] if row_scale is None else [row_scale])
+    if native.supports(*tensors):
+        return native.run_attention_native(
+            q, k, v, cell_head, cell_lo, cell_count, cell_width, scale=scale,
+            row_scale=row_scale, rank_to_pos=rank_to_pos,
+        )
+    index, valid = run_keys(cell_lo, cell_width, cell_count, rank_to_pos)
+    return cell_attention(q, k, v, cell_head, index, valid, scale=scale, row_scale=row_scale,
+                          query_chunk=query_chunk)
+
+
+def run_attention_naive(
+    q: Tensor, k: Tensor, v: Tensor, cell_head: Tensor, cell_lo: Tensor, cell_count: Tensor,
+    cell_width: Tensor, *, scale: float, row_scale: Tensor | None = None,
+    rank_to_pos: Tensor | None = None,
+) -> Tensor:
+    """Reference of :func:`run_attention`: the runs' dense mask and masked softmax."""
+    _check_runs(q, k, cell_head, cell_lo, cell_count, cell_width, rank_to_pos)
+    index, valid = run_keys(cell_lo, cell_width, cell_count, rank_to_pos)
+    return cell_attention_naive(q, k, v, cell_head, index, valid, scale=scale,
+                                row_scale=row_scale)

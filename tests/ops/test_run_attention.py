@@ -1,0 +1,176 @@
+"""Attention over runs of keys: native CPU kernel and PyTorch path vs the dense reference."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from attnlab.ops.sea import cell_runs
+from attnlab.ops.sparse_attention import (
+    cell_attention,
+    native,
+    run_attention,
+    run_attention_naive,
+    run_keys,
+)
+from attnlab.utils.testing import assert_close
+
+F64 = torch.float64
+needs_native = pytest.mark.skipif(not native.available(), reason="no C++ compiler")
+
+
+def _qkv(b, h, hk, t, d=8, dv=5, dtype=F64, grad=False):
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(b, n, t, dim, dtype=dtype, generator=gen).requires_grad_(grad)
+            for n, dim in ((h, d), (hk, d), (hk, dv))]
+
+
+def _random_runs(b, h, t, c, seed=1):
+    """Per row ``c`` disjoint runs of ranks on random heads (some thinned, some unused).
+    Row 2 keeps no key at all."""
+    gen = torch.Generator().manual_seed(seed)
+    width = torch.randint(1, max(2, t // c), (b, t, c), generator=gen)
+    gap = torch.randint(0, 2, (b, t, c), generator=gen)
+    lo = (width + gap).cumsum(-1) - width
+    fits = lo + width <= t
+    count = torch.where(torch.rand(b, t, c, generator=gen) < 0.3,
+                        torch.div(width + 1, 2, rounding_mode="floor"), width)
+    count = torch.where(fits & (torch.rand(b, t, c, generator=gen) < 0.85), count, 0)
+    count[:, 2] = 0
+    head = torch.randint(0, h, (b, t, c), generator=gen)
+    return head, lo.masked_fill(~fits, 0), count, width.masked_fill(~fits, 1)
+
+
+def _rank_to_pos(b, t, seed=2):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(t, generator=gen) for _ in range(b)])
+
+
+def test_run_keys_thins_evenly_and_maps_ranks():
+    lo, width, count = (torch.tensor([[[x]]]) for x in (3, 6, 3))
+    index, valid = run_keys(lo, width, count)
+    assert index[valid].tolist() == [3, 5, 7]
+    r2p = torch.arange(10).flip(0)[None]
+    index, valid = run_keys(lo, width, count, r2p)
+    assert index[valid].tolist() == [6, 4, 2]
+
+
+def test_cell_runs_are_the_bins_capped_at_k():
+    lengths = torch.tensor([[10]])  # 4 bins of 10 ranks: edges 0, 3, 5, 8, 10 (half away)
+    bins, keep = torch.tensor([[[0, 2, 3]]]), torch.tensor([[[True, True, False]]])
+    lo, width, count = cell_runs(bins, keep, lengths, n_bins=4, cap=2)
+    assert (lo.tolist(), width.tolist(), count.tolist()) == ([[[0, 5, 8]]], [[[3, 3, 2]]],
+                                                             [[[2, 2, 0]]])
+
+
+@needs_native
+@pytest.mark.parametrize("hk", [4, 2, 1])
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+@pytest.mark.parametrize("mapped", [False, True])
+def test_native_kernel_matches_reference(hk, dtype, mapped):
+    b, h, t = 2, 4, 24
+    q, k, v = _qkv(b, h, hk, t, dtype=dtype)
+    head, lo, count, width = _random_runs(b, h, t, c=5)
+    r2p = _rank_to_pos(b, t) if mapped else None
+    row_scale = torch.rand(b, h, t, dtype=dtype)
+    with torch.no_grad():
+        assert native.supports(q, k, v, row_scale)
+        out = run_attention(q, k, v, head, lo, count, width, scale=0.3, row_scale=row_scale,
+                            rank_to_pos=r2p)
+    ref = run_attention_naive(q.double(), k.double(), v.double(), head, lo, count, width,
+                              scale=0.3, row_scale=row_scale.double(), rank_to_pos=r2p)
+    assert out.dtype == dtype
+    assert_close("native", ref, out, 1e-13 if dtype == F64 else 1e-6)
+    assert (out[:, :, 2] == 0).all()  # a row without keys outputs exactly 0
+
+
+@needs_native
+def test_native_kernel_is_used_without_autograd_only(monkeypatch):
+    q, k, v = _qkv(1, 2, 2, 12, grad=True)
+    head, lo, count, width = _random_runs(1, 2, 12, c=3)
+    calls = []
+    real = native.run_attention_native
+    monkeypatch.setattr(native, "run_attention_native",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    out = run_attention(q, k, v, head, lo, count, width, scale=0.5)
+    assert not calls and out.requires_grad
+    with torch.no_grad():
+        fast = run_attention(q, k, v, head, lo, count, width, scale=0.5)
+    assert calls
+    assert_close("paths", out.detach(), fast, 1e-13)
+
+
+@pytest.mark.parametrize("hk", [2, 1])
+def test_pytorch_path_matches_reference_forward_and_gradients(hk):
+    q, k, v = _qkv(2, 2, hk, 16, grad=True)
+    head, lo, count, width = _random_runs(2, 2, 16, c=4)
+    r2p = _rank_to_pos(2, 16)
+    row_scale = torch.rand(2, 2, 16, dtype=F64, requires_grad=True)
+    kw = dict(scale=0.4, row_scale=row_scale, rank_to_pos=r2p)
+    out = run_attention(q, k, v, head, lo, count, width, query_chunk=5, **kw)
+    ref = run_attention_naive(q, k, v, head, lo, count, width, **kw)
+    assert_close("out", ref, out, 1e-12)
+    grad = torch.randn_like(out)
+    inputs = (q, k, v, row_scale)
+    for name, g, g_ref in zip("qkvr", torch.autograd.grad(out, inputs, grad),
+                              torch.autograd.grad(ref, inputs, grad), strict=True):
+        assert_close(f"grad {name}", g_ref, g, 1e-11)
+
+
+def test_runs_equal_cells_of_their_keys():
+    q, k, v = _qkv(1, 3, 3, 20)
+    head, lo, count, width = _random_runs(1, 3, 20, c=4)
+    index, valid = run_keys(lo, width, count)
+    cells = cell_attention(q, k, v, head, index, valid, scale=0.7)
+    with torch.no_grad():
+        runs = run_attention(q, k, v, head, lo, count, width, scale=0.7)
+    assert_close("runs vs cells", cells, runs, 1e-13)
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ("head", "cell_head must lie"),
+    ("count", r"cell_count must lie in \[0, cell_width\]"),
+    ("lo", "runs must lie within"),
+    ("float", "integer tensor"),
+    ("rank_to_pos", "rank_to_pos must be"),
+])
+def test_bad_runs_are_rejected(change, match):
+    q, k, v = _qkv(1, 2, 2, 10)
+    head, lo, count, width = _random_runs(1, 2, 10, c=2)
+    count[0, 0, 0], width[0, 0, 0], lo[0, 0, 0] = 2, 2, 0
+    r2p = None
+    if change == "head":
+        head = head + 2
+    elif change == "count":
+        count[0, 0, 0] = 3
+    elif change == "lo":
+        lo[0, 0, 0] = 9
+    elif change == "float":
+        lo = lo.double()
+    else:
+        r2p = torch.arange(9)[None]
+    with pytest.raises(ValueError, match=match):
+        run_attention(q, k, v, head, lo, count, width, scale=1.0, rank_to_pos=r2p)
+
+
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                    reason="no C++ compiler")
+def test_native_kernel_builds_where_a_compiler_exists():
+    assert native.available()
+
+
+def test_disabled_native_kernel_falls_back(monkeypatch):
+    monkeypatch.setenv("ATTNLAB_NATIVE", "0")
+    native._library.cache_clear()
+    try:
+        assert not native.available()
+        q, k, v = _qkv(1, 2, 2, 10)
+        head, lo, count, width = _random_runs(1, 2, 10, c=2)
+        with torch.no_grad():
+            out = run_attention(q, k, v, head, lo, count, width, scale=1.0)
+        ref = run_attention_naive(q, k, v, head, lo, count, width, scale=1.0)
+        assert_close("fallback", ref, out, 1e-12)
+    finally:
+        native._library.cache_clear()
