@@ -1,0 +1,35 @@
+"""Hugging Face transformers models whose attention runs attnlab cores (SEA, Performer, ...).
+
+>>> import attnlab.hf
+>>> model = attnlab.hf.load(folder)                                  # a pretrained model
+>>> attnlab.hf.convert(model, "sea", {"k": 64, "predictor_length": 64})
+>>> model.generate(ids, max_new_tokens=20)                           # cached SEA decoding
+>>> model.save_pretrained(out)                                       # cores included
+>>> student = attnlab.hf.load(out)                                   # converted again
+
+Supported: Llama-family (grouped-query), OPT, GPT-2 and BERT (:mod:`attnlab.hf.families`).
+The attention runs through transformers' attention registry together with a mask function
+(:mod:`attnlab.hf.attention`). Needs the ``hf`` extra: ``pip install 'attnlab[hf]'``.
+"""
+
+try:
+    import transformers  # noqa: F401
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError("attnlab.hf needs transformers: pip install 'attnlab[hf]'") from err
+
+from attnlab.hf.attention import ATTN_IMPLEMENTATION, Collected
+from attnlab.hf.convert import check_student, collect, convert, cores, load, set_inference
+from attnlab.hf.families import FAMILIES, UnsupportedModelError
+
+__all__ = [
+    "ATTN_IMPLEMENTATION",
+    "FAMILIES",
+    "Collected",
+    "UnsupportedModelError",
+    "check_student",
+    "collect",
+    "convert",
+    "cores",
+    "load",
+    "set_inference",
+]
