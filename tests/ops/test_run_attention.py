@@ -159,6 +159,9 @@ def test_bad_runs_are_rejected(change, match):
                     reason="no C++ compiler")
 def test_native_kernel_builds_where_a_compiler_exists():
     assert native.available()
+    # loading it must not switch the process to flush-to-zero (as -ffast-math libraries do)
+    tiny = torch.tensor([1e-39]) * torch.tensor([1.0])
+    assert tiny.item() > 0
 
 
 def test_disabled_native_kernel_falls_back(monkeypatch):

@@ -1,7 +1,7 @@
 """The optional native CPU kernel of :func:`~attnlab.ops.sparse_attention.run_attention`.
 
 ``csrc/run_attention.cpp`` (no torch headers) is compiled on first use with the system C++
-compiler (``$CXX`` or ``c++``; ``-O3 -march=native -fopenmp``) into
+compiler (``$CXX`` or ``c++``; ``-O3 -march=native -fopenmp`` and reassociation) into
 ``<cache>/kernels/run_attention-<hash>.so`` and loaded with :mod:`ctypes`; the hash covers the
 source, the flags and this CPU's model and feature flags, so a shared cache never serves a
 library built for another processor. The build takes about a second and is written atomically
@@ -33,7 +33,11 @@ from attnlab.utils.io import default_cache_dir
 
 logger = logging.getLogger(__name__)
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
+# The reassociation flags of -ffast-math without -ffast-math itself, which would link
+# crtfastmath.o: loading the library would then flush denormals to zero process-wide.
+FAST_MATH = ("-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
+             "-freciprocal-math")
+FLAGS = ("-O3", "-march=native", *FAST_MATH, "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 DTYPES = {torch.float32: "attnlab_run_attention_f32", torch.float64: "attnlab_run_attention_f64"}
 
 

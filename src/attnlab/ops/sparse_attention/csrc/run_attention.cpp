@@ -31,7 +31,8 @@ void run_attention(const T* q, const T* k, const T* v, const int64_t* head, cons
                    int64_t Tk, int64_t D, int64_t Dv, int64_t C, int64_t W, T scale,
                    int n_threads) {
   const int64_t group = H / Hk;
-  const T neg_inf = -std::numeric_limits<T>::infinity();
+  // "No key yet" is `lowest`, not -inf, so nothing depends on infinities.
+  const T none = std::numeric_limits<T>::lowest();
 #pragma omp parallel num_threads(n_threads)
   {
     std::vector<T> acc(H * Dv), top(H), total(H), score(W > 0 ? W : 1);
@@ -39,7 +40,7 @@ void run_attention(const T* q, const T* k, const T* v, const int64_t* head, cons
 #pragma omp for schedule(dynamic, 8)
     for (int64_t row = 0; row < B * Tq; ++row) {
       const int64_t b = row / Tq, t = row % Tq;
-      for (int64_t h = 0; h < H; ++h) { top[h] = neg_inf; total[h] = 0; }
+      for (int64_t h = 0; h < H; ++h) { top[h] = none; total[h] = 0; }
       for (int64_t i = 0; i < H * Dv; ++i) acc[i] = 0;
       const int64_t base = row * C;
       for (int64_t c = 0; c < C; ++c) {
@@ -48,7 +49,7 @@ void run_attention(const T* q, const T* k, const T* v, const int64_t* head, cons
         const int64_t h = head[base + c], w = width[base + c], start = lo[base + c];
         const int64_t kv = (b * Hk + h / group) * Tk;
         const T* qr = q + ((b * H + h) * Tq + t) * D;
-        T cell_top = neg_inf;
+        T cell_top = none;
         for (int64_t o = 0; o < n; ++o) {
           const int64_t rank = start + (n == w ? o : (o * w) / n);
           const int64_t p = rank_to_pos ? rank_to_pos[b * Tk + rank] : rank;
@@ -58,7 +59,7 @@ void run_attention(const T* q, const T* k, const T* v, const int64_t* head, cons
         }
         T* a = acc.data() + h * Dv;
         if (cell_top > top[h]) {  // refer the head's running sums to the new maximum
-          const T shrink = std::exp(top[h] - cell_top);
+          const T shrink = top[h] == none ? T(0) : std::exp(top[h] - cell_top);
           total[h] *= shrink;
 #pragma omp simd
           for (int64_t i = 0; i < Dv; ++i) a[i] *= shrink;
