@@ -34,13 +34,14 @@ class PerformerOptions:
     * ``n_features``: random features ``m``; None = ``int(d_head * ln(d_head))`` (at least 1).
     * ``redraw_every``: draw a new projection before every ``N``-th training-mode forward after
       the first ``N`` (calls ``1..N`` use the initial one, ``N+1..2N`` the next, ...); 0 = never.
-    * ``chunk_size``: causal chunk length of the prefix-sum computation.
+    * ``chunk_size``: causal chunk length of the prefix-sum computation (64 measured fastest
+      for SEA's estimator on CPU at T=4096: 102 ms against 120 ms at 128, one thread).
     """
 
     kernel: str = "auto"
     n_features: int | None = None
     redraw_every: int = 0
-    chunk_size: int = 128
+    chunk_size: int = 64
 
     def validate(self) -> None:
         if self.kernel not in KERNELS:

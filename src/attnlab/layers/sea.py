@@ -52,9 +52,11 @@ PATHS = ("auto", "sparse", "dense")
 DENSE_PATH_MAX_KEYS = 512
 # Rows of past context the causal CNN sees: two 3-row convolutions with dilation 2.
 CNN_CONTEXT_ROWS = 8
-# Query rows whose key lists are built and attended together: the cell lists are padded to
-# the fullest row of a block, so a block must hold rows of similar length (causal rows of
-# length 1..K have up to H*K cells of 1 key, long rows few cells of up to k keys).
+# Query rows whose cells are selected and attended together: the cell lists (and the top-k)
+# are padded to the fullest row of a block, so a block must hold rows of similar length
+# (causal rows of length 1..K have up to H*K cells of 1 key, long rows few cells of up to k
+# keys). A block starting at a row of L visible keys spans max(ROW_BLOCK, L // 4) rows, so
+# budgets within a causal block differ by at most 25%.
 ROW_BLOCK = 64
 # Query rows per pass of the estimator's encoder ([B, H, rows, 2d] activations).
 ENCODER_ROWS = 256
@@ -170,24 +172,28 @@ class CausalCNN(nn.Module):
     def __init__(self, n_heads: int, width: int) -> None:
         super().__init__()
         channels = 2 * n_heads
-        self.conv1 = nn.Conv2d(channels, channels, 3, dilation=2)
-        self.conv2 = nn.Conv2d(channels, channels, 3, dilation=2)
+        # Symmetric padding of 4 rows: output row r reads input rows r-4, r-2, r (causal); the
+        # last 4 output rows, which would read rows below, are dropped in _conv.
+        self.conv1 = nn.Conv2d(channels, channels, 3, dilation=2, padding=(4, 2))
+        self.conv2 = nn.Conv2d(channels, channels, 3, dilation=2, padding=(4, 2))
         self.out = nn.Conv2d(channels, n_heads, 1)
         self.norm = nn.LayerNorm(4 * width)
 
     @staticmethod
-    def _causal_pad(x: Tensor) -> Tensor:
-        return F.pad(x, (2, 2, 4, 0))  # K axis: 2 each side; rows: 4 above, none below
+    def _conv(conv: nn.Conv2d, x: Tensor, row_mask: Tensor | None) -> Tensor:
+        return _keep_rows(F.relu(conv(x)[..., : x.shape[-2], :]), row_mask)
 
     def forward(self, image: Tensor, row_mask: Tensor | None = None) -> Tensor:
-        x = _keep_rows(image, row_mask)
-        x = _keep_rows(F.relu(self.conv1(self._causal_pad(x))), row_mask)
-        x = _keep_rows(F.relu(self.conv2(self._causal_pad(x))), row_mask)
+        # channels-last: measured 1.8x faster for these 2H-channel convs on CPU (oneDNN)
+        x = _keep_rows(image, row_mask).contiguous(memory_format=torch.channels_last)
+        x = self._conv(self.conv2, self._conv(self.conv1, x, row_mask), row_mask)
         # The 1x1 conv commutes with the x4 nearest upsample, and a LayerNorm over 4 copies of
-        # each value has the statistics of the un-repeated row: both run at a quarter width.
+        # each value has the statistics of the un-repeated row: both run at a quarter width,
+        # and the affine map writes the 4 copies.
         y = self.out(x)
-        y = F.layer_norm(y, y.shape[-1:], eps=self.norm.eps).repeat_interleave(4, dim=-1)
-        return torch.addcmul(self.norm.bias, y, self.norm.weight)
+        y = F.layer_norm(y, y.shape[-1:], eps=self.norm.eps).unsqueeze(-1)
+        w, b = self.norm.weight.view(-1, 4), self.norm.bias.view(-1, 4)
+        return torch.addcmul(b, y, w).flatten(-2)
 
 
 class BidirectionalCNN(nn.Module):
@@ -352,6 +358,8 @@ class SEAEstimator(nn.Module):
         else:
             logits = self.cnn(image, row_mask)
             source = torch.arange(t_q, device=q.device) // query_skip
+        if state is None and rows.numel() == t_q:  # every row has its own estimate
+            return logits, scalers, new_state
         return logits[..., source, :], scalers[..., source, :], new_state
 
 
@@ -450,7 +458,7 @@ class SEACore(AttentionCore):
         attended = torch.cat([
             self._attend(q[..., rows, :], k, v, ranking[..., rows, :], lengths[:, rows],
                          rank_to_pos, gates[..., rows, 0], scale)
-            for rows in _row_blocks(t_q, ROW_BLOCK)
+            for rows in self._attention_blocks(t_q, t_k)
         ], dim=-2)
         mixed = self._mix(attended, gates[..., 1:], v, probs, lengths, key_padding_mask,
                           rank_to_pos)
@@ -460,6 +468,16 @@ class SEACore(AttentionCore):
             target = self._own_attention(q, k, v, scale, key_padding_mask, rank_to_pos)
             aux["sea_estimate"] = self.loss_weight * estimate_loss(logits, lengths, target)
         return CoreOutput(out.to(q.dtype), aux, new_state)
+
+    def _attention_blocks(self, t_q: int, t_k: int) -> list[slice]:
+        """Row blocks for :meth:`_attend` (see :data:`ROW_BLOCK`)."""
+        blocks, start = [], 0
+        while start < t_q:
+            visible = t_k - t_q + start + 1 if self.causal else t_k
+            end = min(t_q, start + max(ROW_BLOCK, visible // 4))
+            blocks.append(slice(start, end))
+            start = end
+        return blocks
 
     def _attend(self, q, k, v, ranking, lengths, rank_to_pos, row_scale, scale) -> Tensor:
         """Select, decompress and attend for one block of query rows ``q [B, H, R, D]``."""

@@ -117,19 +117,19 @@ def _causal_plain(
     n = -(-t // c)
     pad = n * c - t  # zero rows: zero features and values, after every real key
 
-    def chunks(x: Tensor, lead: int) -> Tensor:
-        x = torch.nn.functional.pad(x, (0, 0, 0, pad))
+    def chunks(x: Tensor, lead: int) -> Tensor:  # [..., T, w] -> [..., n, c, w]
+        if pad:
+            x = torch.nn.functional.pad(x, (0, 0, 0, pad))
         return x.reshape(*x.shape[:lead], n, c, x.shape[-1])
 
     fq, fk, vc = chunks(phi_q, 3), chunks(phi_k, 2), chunks(v, 2)
-    tril = torch.ones(c, c, dtype=torch.bool, device=fk.device).tril()
-    scores = torch.einsum("bhgnim,bhnjm->bhgnij", fq, fk).masked_fill(~tril, 0.0)
+    scores = torch.einsum("bhgnim,bhnjm->bhgnij", fq, fk).tril_()  # in place: few T-size temps
     chunk_kv = fk.transpose(-1, -2) @ vc  # [B, Hk, n, m, Dv]
     chunk_ks = fk.sum(-2)  # [B, Hk, n, m]
-    past_kv = torch.cat((kv.unsqueeze(2), chunk_kv[:, :, :-1]), 2).cumsum(2)
-    past_ks = torch.cat((k_sum.unsqueeze(2), chunk_ks[:, :, :-1]), 2).cumsum(2)
-    num = scores @ vc.unsqueeze(2) + fq @ past_kv.unsqueeze(2)
-    den = scores.sum(-1) + torch.einsum("bhgnim,bhnm->bhgni", fq, past_ks)
+    past_kv = torch.cat((kv.unsqueeze(2), chunk_kv[:, :, :-1]), 2).cumsum_(2)
+    past_ks = torch.cat((k_sum.unsqueeze(2), chunk_ks[:, :, :-1]), 2).cumsum_(2)
+    num = (scores @ vc.unsqueeze(2)).add_(fq @ past_kv.unsqueeze(2))
+    den = scores.sum(-1).add_(torch.einsum("bhgnim,bhnm->bhgni", fq, past_ks))
     state = PerformerState(past_kv[:, :, -1] + chunk_kv[:, :, -1],
                            past_ks[:, :, -1] + chunk_ks[:, :, -1], stab)
     return (num.reshape(b, hk, g, n * c, -1)[..., :t, :],
