@@ -25,7 +25,7 @@ MIB = 2**20
 
 def test_machine_info_schema():
     info = machine_info()
-    assert set(info) == {"cpu", "threads", "gpu", "torch"}
+    assert set(info) == {"cpu", "threads", "gpu", "torch", "malloc_tuned"}
     assert isinstance(info["cpu"], str) and info["cpu"]
     assert info["threads"] == torch.get_num_threads()
     assert info["gpu"] is None or isinstance(info["gpu"], str)

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnlab.utils.allocator import cpu_allocator_tuned
 from attnlab.utils.io import atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,8 @@ MIN_REPS = 5
 
 def machine_info() -> dict[str, Any]:
     """``{"cpu": model name, "threads": torch threads, "gpu": CUDA device name or None,
-    "torch": version}``."""
+    "torch": version, "malloc_tuned": whether freed memory stays in the heap}`` (see
+    :mod:`attnlab.utils.allocator`)."""
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -50,7 +52,8 @@ def machine_info() -> dict[str, Any]:
                 cpu = line.split(":", 1)[1].strip()
                 break
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return {"cpu": cpu, "threads": torch.get_num_threads(), "gpu": gpu, "torch": torch.__version__}
+    return {"cpu": cpu, "threads": torch.get_num_threads(), "gpu": gpu, "torch": torch.__version__,
+            "malloc_tuned": cpu_allocator_tuned()}
 
 
 # ---------------------------------------------------------------- timing
