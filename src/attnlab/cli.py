@@ -29,6 +29,7 @@ def resolve_config_path(value: str) -> Path:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from attnlab.train import load_run_config, train
+    from attnlab.train.distributed import is_main_process
 
     out = Path(args.out)
     if args.resume:
@@ -39,7 +40,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise SystemExit("error: attnlab train needs --config FILE (or --resume)")
         cfg = load_run_config(resolve_config_path(args.config), args.set)
     summary = train(cfg, out, resume=args.resume, progress=not args.quiet)
-    print(json.dumps(summary, indent=2))
+    if is_main_process():  # under torchrun every rank returns the summary; one prints it
+        print(json.dumps(summary, indent=2))
     return 0
 
 
@@ -318,16 +320,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from attnlab.train.distributed import is_main_process
+
+    level = logging.INFO if is_main_process() else logging.WARNING  # torchrun: rank 0 informs
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
     )
     from attnlab.config import ConfigError
-    from attnlab.train import CheckpointError, RunDirError, TrainingDiverged
+    from attnlab.train import CheckpointError, RankFailure, RunDirError, TrainingDiverged
 
     try:
         return args.func(args)
-    except (ConfigError, RunDirError, CheckpointError, TrainingDiverged, FileNotFoundError) as err:
+    except (ConfigError, RunDirError, CheckpointError, TrainingDiverged, RankFailure,
+            FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -10,6 +10,7 @@ from typing import Any
 from attnlab.config import ConfigError, apply_override, from_dict, load_yaml
 from attnlab.data.config import DataConfig
 from attnlab.models.config import ModelConfig
+from attnlab.train.distributed import MODES
 
 
 @dataclasses.dataclass
@@ -40,6 +41,8 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int | None = None  # torch CPU threads (None = torch's default)
     tensorboard: bool = False
+    distributed: str = "ddp"  # under torchrun: ddp (replicated) | fsdp (sharded, FSDP2)
+    find_unused_parameters: bool = False  # ddp: for parameters that get no gradient (Reformer)
 
     def validate(self) -> None:
         positive = ("steps", "batch_size", "seq_len", "grad_accum", "eval_batch_size", "log_every")
@@ -55,6 +58,10 @@ class TrainConfig:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.sampling not in ("auto", "random", "sequential"):
             raise ValueError(f"sampling must be auto, random or sequential, got {self.sampling!r}")
+        if self.distributed not in MODES:
+            raise ValueError(
+                f"distributed must be one of {', '.join(MODES)}, got {self.distributed!r}"
+            )
 
 
 @dataclasses.dataclass

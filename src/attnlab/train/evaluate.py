@@ -9,6 +9,7 @@ import torch
 
 from attnlab.data import SequentialBatches
 from attnlab.models import DecoderLM
+from attnlab.train.distributed import Dist
 
 
 @torch.no_grad()
@@ -21,13 +22,17 @@ def evaluate_lm(
     max_tokens: int | None = None,
     device: torch.device | str = "cpu",
     autocast_dtype: torch.dtype | None = None,
+    dist: Dist | None = None,
 ) -> dict[str, float]:
     """Mean next-token loss (nats) over non-overlapping ``seq_len`` chunks of ``tokens``.
 
     The stream is cut into ``batch_size`` lanes read front to back; with Transformer-XL
     memory (``model.cfg.memory_len``) each chunk attends to the previous one, as in training.
     ``max_tokens`` caps the number of predicted tokens. Returns ``{"loss", "tokens"}``.
+    With ``dist`` every rank of the job calls this, reads its own share of the lanes, and
+    gets the whole evaluation's result (the one-process result up to float rounding).
     """
+    dist = dist or Dist()
     batches = SequentialBatches(tokens, batch_size, seq_len)
     n_chunks = len(batches)
     if max_tokens is not None:
@@ -39,7 +44,7 @@ def evaluate_lm(
     total, count = 0.0, 0
     device_type = torch.device(device).type
     for i in range(n_chunks):
-        x, y = (t.to(device) for t in batches.get(i))
+        x, y = (dist.shard(t).to(device) for t in batches.get(i))
         with torch.autocast(device_type, dtype=autocast_dtype or torch.bfloat16,
                             enabled=autocast_dtype is not None):
             out = model(x, targets=y, cache=memory, use_cache=memory_len > 0)
@@ -48,6 +53,9 @@ def evaluate_lm(
         total += out.loss.item() * y.numel()
         count += y.numel()
     model.train(was_training)
+    if dist.enabled:
+        total, count = dist.all_reduce(torch.tensor([total, count], dtype=torch.float64,
+                                                    device=device)).tolist()
     return {"loss": total / count, "tokens": float(count)}
 
 
