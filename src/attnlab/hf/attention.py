@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 ATTN_IMPLEMENTATION = "attnlab"
 CORE_ATTR = "attnlab_core"
 COLLECTOR_ATTR = "_attnlab_collector"
+HOOKED_ATTR = "_attnlab_hooked"
 
 
 @dataclasses.dataclass
@@ -140,13 +141,13 @@ def _after_forward(module: nn.Module, args: tuple, kwargs: dict, output: Any) ->
                            "restarts them", type(cache).__name__)
 
 
-def attach_state_hooks(stack: nn.Module) -> list[Any]:
-    """Hooks on the module that runs the layers and receives the cache; returns their
-    handles."""
-    return [
-        stack.register_forward_pre_hook(_before_forward, with_kwargs=True),
-        stack.register_forward_hook(_after_forward, with_kwargs=True, always_call=True),
-    ]
+def attach_state_hooks(stack: nn.Module) -> None:
+    """Hook the module that runs the layers and receives the cache (once)."""
+    if getattr(stack, HOOKED_ATTR, False):
+        return
+    stack.register_forward_pre_hook(_before_forward, with_kwargs=True)
+    stack.register_forward_hook(_after_forward, with_kwargs=True, always_call=True)
+    setattr(stack, HOOKED_ATTR, True)
 
 
 def _key_padding_mask(mask: Tensor | None, batch: int, n_keys: int) -> Tensor | None:

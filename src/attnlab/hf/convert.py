@@ -29,7 +29,6 @@ logger = logging.getLogger(__name__)
 
 CONFIG_KEY = "attnlab"
 CORE_KEY_PATTERN = rf"\.{CORE_ATTR}\."
-HOOKS_ATTR = "_attnlab_hooks"
 
 
 def _attention_modules(model: nn.Module, family: Family) -> dict[str, nn.Module]:
@@ -109,9 +108,7 @@ def convert(
     setattr(config, CONFIG_KEY, {"core": spec.name, "options": dict(spec.options),
                                  "max_seq_len": max_len})
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
-    stack = _layer_stack(model)
-    if not hasattr(stack, HOOKS_ATTR):
-        setattr(stack, HOOKS_ATTR, attach_state_hooks(stack))
+    attach_state_hooks(_layer_stack(model))
     logger.info("converted %d %s layers to the %s core", len(modules), family.model_type,
                 spec.name)
     return model
