@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attnlab.hf
-from tests.hf.conftest import CAUSAL, SEA_SPARSE, converted, outputs, token_ids
+from tests.hf.models import CAUSAL, SEA_SPARSE, converted, outputs, token_ids
 
 CORES = {
     "sdpa": ("sdpa", None),

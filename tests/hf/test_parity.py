@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.hf.conftest import (
+from tests.hf.models import (
     FAMILIES,
     SEA_ALL_KEYS,
     SEA_SPARSE,

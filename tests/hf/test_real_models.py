@@ -20,7 +20,7 @@ import transformers
 import attnlab.hf
 from attnlab.data.config import DataConfig
 from attnlab.data.load import open_source
-from tests.hf.conftest import open_gates
+from tests.hf.models import open_gates
 
 pytestmark = pytest.mark.slow
 logger = logging.getLogger(__name__)

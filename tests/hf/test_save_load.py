@@ -10,7 +10,7 @@ import transformers
 
 import attnlab.hf
 from attnlab.config import ConfigError
-from tests.hf.conftest import FAMILIES, SEA_SPARSE, converted, make_model, outputs, token_ids
+from tests.hf.models import FAMILIES, SEA_SPARSE, converted, make_model, outputs, token_ids
 
 
 @pytest.mark.parametrize("family", FAMILIES)

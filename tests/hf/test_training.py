@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import attnlab.hf
-from tests.hf.conftest import FAMILIES, SEA_SPARSE, converted, outputs, token_ids
+from tests.hf.models import FAMILIES, SEA_SPARSE, converted, outputs, token_ids
 
 
 @pytest.mark.parametrize("family", FAMILIES)
