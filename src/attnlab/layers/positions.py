@@ -38,12 +38,17 @@ def _learned(ctx: LayerContext, options: NoOptions) -> Positions:
 class RopeOptions:
     base: float = 10000.0
     fraction: float = 1.0  # share of each head's channels that are rotated (SwitchHead: 0.5)
+    # position interpolation: positions are divided by this, so a model trained on T tokens
+    # reads interpolation * T tokens within the angles it was trained on (Chen et al., 2023)
+    interpolation: float = 1.0
 
     def validate(self) -> None:
         if not 0.0 < self.fraction <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
         if self.base <= 1.0:
             raise ValueError(f"base must be > 1, got {self.base}")
+        if self.interpolation < 1.0:
+            raise ValueError(f"interpolation must be >= 1, got {self.interpolation}")
 
 
 def rotate_half_split(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
@@ -68,7 +73,7 @@ class RotaryPositions(Positions):
                 f"rope fraction {options.fraction} rotates no channel of d_head={d_head}"
             )
         inv_freq = options.base ** (-torch.arange(n_pairs, dtype=torch.float32) / n_pairs)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", inv_freq / options.interpolation, persistent=False)
 
     def rotate(self, q: Tensor, k: Tensor, q_offset: int) -> tuple[Tensor, Tensor]:
         t_q, t_k = q.shape[-2], k.shape[-2]

@@ -28,10 +28,10 @@ from torch import Tensor, nn
 from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
 from attnlab.layers.performer import PerformerCore, PerformerCoreState, PerformerOptions
 from attnlab.layers.registry import CORES
-from attnlab.ops.attention import softmax_attention
-from attnlab.ops.attention.masks import expand_kv_heads
+from attnlab.ops.attention.masks import allowed_keys, expand_kv_heads
 from attnlab.ops.sea import (
     GROUPS,
+    attention_distill_loss,
     bin_edges,
     causal_mean,
     cell_runs,
@@ -380,6 +380,10 @@ class SEACore(AttentionCore):
         self.topk_group, self.query_chunk = options.topk_group, options.query_chunk
         self.attention_path = options.attention_path
         self.loss_weight = options.estimator_loss / ctx.n_layers
+        self.n_layers = ctx.n_layers
+        # A teacher's attention [B, H, Tq, Tk] for this layer during distillation (set around
+        # one forward by attnlab.distill); in training mode it replaces the self-target.
+        self.teacher_probs: Tensor | None = None
         output = options.output
         if output == "auto":
             output = "mix" if ctx.causal else "norm"
@@ -464,10 +468,34 @@ class SEACore(AttentionCore):
                           rank_to_pos)
         out = mixed if self.output_norm is None else self.output_norm(mixed) + mixed
         aux = {}
-        if self.training and self.loss_weight:
-            target = self._own_attention(q, k, v, scale, key_padding_mask, rank_to_pos)
+        if self.training and self.teacher_probs is not None:
+            aux = self._distill_losses(q, k, scale, key_padding_mask, rank_to_pos, logits,
+                                       lengths)
+        elif self.training and self.loss_weight:
+            dense = self._dense_logits(q, k, scale, key_padding_mask).detach()
+            probs = torch.softmax(dense, -1, dtype=torch.promote_types(dense.dtype, torch.float32))
+            target = self._by_rank(probs.nan_to_num(0.0), rank_to_pos)
             aux["sea_estimate"] = self.loss_weight * estimate_loss(logits, lengths, target)
         return CoreOutput(out.to(q.dtype), aux, new_state)
+
+    def _distill_losses(self, q, k, scale, key_mask, rank_to_pos, logits, lengths) -> dict:
+        """SEA's per-layer distillation losses against ``teacher_probs`` (each divided by the
+        number of layers, so summing over layers averages): (a) ``sea_estimate``, the
+        upsampled estimate, and (b) ``sea_attention``, the student's own dense softmax of
+        q k^T (which trains the projections), each 0.1 KL + MSE."""
+        teacher = self.teacher_probs
+        expected = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        if tuple(teacher.shape) != expected:
+            raise ValueError(f"teacher_probs must be [B, H, Tq, Tk] = {list(expected)}, got "
+                             f"{list(teacher.shape)}")
+        dense = self._dense_logits(q, k, scale, key_mask)
+        dense = dense.masked_fill(~torch.isfinite(dense).any(-1, keepdim=True), 0.0)
+        weight = 1.0 / self.n_layers
+        return {
+            "sea_estimate": weight * estimate_loss(logits, lengths,
+                                                   self._by_rank(teacher, rank_to_pos)),
+            "sea_attention": weight * attention_distill_loss(dense, teacher),
+        }
 
     def _attention_blocks(self, t_q: int, t_k: int) -> list[slice]:
         """Row blocks for :meth:`_attend` (see :data:`ROW_BLOCK`)."""
@@ -528,11 +556,17 @@ class SEACore(AttentionCore):
             avg = estimate_weighted_mean(v_by_rank, probs.clamp_min(0), lengths[:, 0], query_mask)
         return mix_gate * attended.to(mix_gate.dtype) + (1 - mix_gate) * avg
 
-    @torch.no_grad()
-    def _own_attention(self, q, k, v, scale, key_mask, rank_to_pos) -> Tensor:
-        """The layer's dense attention (the estimate's self-distillation target), by rank."""
-        _, probs = softmax_attention(q, k, v, scale=scale, causal=self.causal,
-                                     key_padding_mask=key_mask, return_weights=True)
+    def _dense_logits(self, q, k, scale, key_mask) -> Tensor:
+        """The layer's full scaled ``q k^T`` ``[B, H, Tq, Tk]``, -inf at keys a row may not
+        see (O(T^2): training targets only)."""
+        scores = (q @ expand_kv_heads(k, q.shape[1]).transpose(-1, -2)) * scale
+        allowed = allowed_keys(q.shape[-2], k.shape[-2], causal=self.causal,
+                               key_padding_mask=key_mask, device=q.device)
+        return scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
+
+    @staticmethod
+    def _by_rank(probs: Tensor, rank_to_pos: Tensor | None) -> Tensor:
+        """Attention ``[B, H, Tq, Tk]`` over key positions -> over key ranks."""
         if rank_to_pos is None:
             return probs
         return probs.gather(-1, rank_to_pos[:, None, None, :].expand_as(probs))

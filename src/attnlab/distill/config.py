@@ -1,0 +1,96 @@
+"""Settings of ``attnlab distill``: the teacher, the student's attention, and the recipe.
+
+The recipe follows SEA's (``../shared/specs/sea.md`` section 2): the student starts from the
+teacher's weights, new attention modules freshly initialised; the loss is
+``ce_weight * CE + hidden_weight * mean_l MSE(hidden_l) + logits_weight * KL(logits) +
+attention_weight * mean_l (estimate + attention + context terms)``; the new modules learn at
+``lr * new_lr_mult`` and the pretrained weights at ``lr * pretrained_lr_mult``, constant after
+a linear warm-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from attnlab.config import PartSpec, apply_override, from_dict, load_yaml
+from attnlab.data.config import DataConfig
+
+
+@dataclasses.dataclass
+class DistillConfig:
+    """``teacher``: an attnlab run folder or a Hugging Face model folder or name.
+    ``student_attention``: the student's attention core (a registry name, or a mapping with
+    its options, e.g. ``{name: sea, k: 16}``). ``seq_len``: None = the teacher's training
+    length. ``dynamic_k`` / ``query_skip``: the SEA inference settings evaluated after
+    training (None = k/2, k, 2k). ``long_context``: also evaluate teacher and student at this
+    multiple of ``seq_len`` after position interpolation (1 = skip)."""
+
+    teacher: str = ""
+    student_attention: PartSpec = PartSpec("sea")
+    steps: int = 300
+    batch_size: int = 8
+    seq_len: int | None = None
+    lr: float = 1e-4
+    new_lr_mult: float = 10.0
+    pretrained_lr_mult: float = 0.2
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    ce_weight: float = 0.1
+    hidden_weight: float = 5.0
+    logits_weight: float = 0.2
+    attention_weight: float = 1.0
+    eval_every: int = 100
+    eval_tokens: int = 32768
+    final_eval_tokens: int | None = 131072
+    eval_batch_size: int = 8
+    dynamic_k: list[int] | None = None
+    query_skip: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 4])
+    long_context: int = 2
+    ckpt_every: int = 100
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    seed: int = 0
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        self.student_attention = PartSpec.parse(self.student_attention,
+                                                "distill.student_attention")
+
+    def validate(self) -> None:
+        for name in ("steps", "batch_size", "eval_batch_size", "log_every", "long_context"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "eval_every", "ckpt_every", "grad_clip", "weight_decay",
+                     "ce_weight", "hidden_weight", "logits_weight", "attention_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.lr <= 0 or self.new_lr_mult <= 0 or self.pretrained_lr_mult < 0:
+            raise ValueError("lr and new_lr_mult must be > 0 and pretrained_lr_mult >= 0")
+        if self.seq_len is not None and self.seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1 (or null), got {self.seq_len}")
+        if any(x < 1 for x in [*(self.dynamic_k or []), *self.query_skip]):
+            raise ValueError("dynamic_k and query_skip values must be >= 1")
+
+
+@dataclasses.dataclass
+class DistillRunConfig:
+    """``distill``: the recipe; ``data``: None = the teacher's data settings (attnlab
+    teachers) or built-in text for Hugging Face teachers."""
+
+    distill: DistillConfig = dataclasses.field(default_factory=DistillConfig)
+    data: DataConfig | None = None
+
+
+def load_distill_config(path: str | Path | None = None,
+                        overrides: Sequence[str] = (),
+                        base: dict[str, Any] | None = None) -> DistillRunConfig:
+    """From a YAML file (or ``base``), then ``key.path=value`` overrides (``distill.k=...``,
+    ``data.corpus=...``)."""
+    data = load_yaml(path) if path is not None else dict(base or {})
+    for assignment in overrides:
+        apply_override(data, assignment)
+    return from_dict(DistillRunConfig, data)
