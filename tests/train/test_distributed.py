@@ -29,10 +29,11 @@ from tests.helpers import dump_config
 # 1 process x batch B and 2 processes x B/2 do the same arithmetic in another order: the
 # matmuls run on half as many rows (other BLAS blocking), each rank averages its own rows'
 # losses, and gloo sums the two ranks' gradients. Each reordering changes a float32 result
-# by ~1e-7 relative; ten Adam steps amplify that (Adam divides small gradients by their own
-# small RMS) to ~1e-6 on the loss (measured: <= 3e-7 relative). 1e-5 keeps a 30x margin yet
-# is far below what a real mismatch moves the loss by: one step of training changes it by
-# ~5e-2, a wrong data shard or learning rate by >1e-2.
+# by ~1e-7 relative, and Adam can amplify such differences over steps (it divides small
+# gradients by their own small RMS). Measured after 10 steps: at most 5e-8 relative, on the
+# losses and on the evaluations. 1e-5 leaves a 200x margin for other BLAS builds, yet is
+# ~1000x below what a real mismatch does: another data order, or a learning rate 10% off,
+# moves the logged losses by ~1e-2 relative (measured).
 RTOL = 1e-5
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -53,9 +54,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _torchrun_cmd(out: Path, *args: str) -> list[str]:
+def _torchrun_cmd(out: Path, *args: str, program: tuple[str, ...] = ("-m", "attnlab")
+                  ) -> list[str]:
+    """``attnlab train`` (or ``program``, taking its arguments) on 2 processes."""
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-            "--master-port", str(_free_port()), "-m", "attnlab", "train", "--out", str(out),
+            "--master-port", str(_free_port()), *program, "train", "--out", str(out),
             "--quiet", *args]
 
 
@@ -180,6 +183,45 @@ def test_a_killed_rank_stops_the_fsdp_job_and_the_last_checkpoint_resumes(
     assert _resume(out, steps=step + 2)["steps"] == step + 2  # the 2 ranks' shards, on 1
 
 
+# ``attnlab`` whose model returns a NaN loss on rank 1 only, from the 14th training forward on
+POISONED_ON_RANK_1 = """
+import os, sys
+from attnlab.cli import main
+from attnlab.models import DecoderLM
+
+original, calls = DecoderLM.forward, [0]
+
+def poisoned(self, *args, **kwargs):
+    out = original(self, *args, **kwargs)
+    calls[0] += self.training
+    if calls[0] > 13 and os.environ["RANK"] == "1":
+        out.loss = out.loss * float("nan")
+    return out
+
+DecoderLM.forward = poisoned
+sys.exit(main())
+"""
+
+
+@pytest.mark.slow  # one more torchrun job (~10 s on 2 loaded cores)
+def test_a_nan_loss_on_one_rank_stops_every_rank(tiny_run_config, tmp_path):
+    script = tmp_path / "poisoned.py"
+    script.write_text(POISONED_ON_RANK_1)
+    cfg = tiny_run_config(steps=30, ckpt_every=5, eval_every=0)
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        _torchrun_cmd(out, "--config", dump_config(cfg, tmp_path / "cfg.yaml"),
+                      program=(str(script),)),
+        env=ENV, capture_output=True, text=True, timeout=120,
+    )
+    # both ranks stop at the same step with the CLI's error (exit code 2), not a hang
+    message = ("error: loss became nan at step 13; stopping. The last good checkpoint is "
+               f"{out / 'checkpoints' / 'step-00000010'}")
+    assert proc.returncode != 0 and proc.stderr.count(message) == 2, proc.stderr[-3000:]
+    assert proc.stderr.count("exitcode  : 2 (pid") == 2, proc.stderr[-3000:]
+    assert latest_checkpoint(out).name == "step-00000010"
+
+
 def test_distributed_mode_is_ddp_or_fsdp(tiny_run_config):
     with pytest.raises(ConfigError, match="distributed must be one of ddp, fsdp, got 'zero'"):
         load_run_config(base=tiny_run_config(distributed="zero"))
@@ -223,3 +265,14 @@ def test_experts_without_tokens_need_no_find_unused_parameters(one_process_group
     out.loss.backward()
     idle = up.grad.flatten(1).abs().sum(1) == 0
     assert idle.sum() == 7  # 7 experts got no token: zero gradient, not None
+
+
+def test_unused_parameters_names_what_ddp_could_not_reduce(tiny_run_config):
+    """Reformer's shared-QK core ignores the key projection (train.find_unused_parameters)."""
+    model_cfg = tiny_run_config()["model"]
+    model_cfg["attention"]["core"] = "reformer"
+    model = DecoderLM(from_dict(ModelConfig, {**model_cfg, "vocab_size": 64}))
+    tokens = torch.randint(0, 64, (1, 16))
+    model(tokens, targets=tokens).loss.backward()
+    assert unused_parameters(model) == [f"blocks.{i}.attn.projections.k_proj.weight"
+                                        for i in range(2)]

@@ -31,7 +31,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from attnlab.train.distributed import Dist, checkpoint_state, load_checkpoint_state, unwrap
+from attnlab.train.distributed import (
+    Dist,
+    checkpoint_state,
+    is_fsdp,
+    load_checkpoint_state,
+    unwrap,
+)
 from attnlab.utils.io import atomic_write_text, fsync_dir
 
 logger = logging.getLogger(__name__)
@@ -197,7 +203,7 @@ def load_checkpoint_at(
 
 
 def _load_safetensors(file: Path, model: nn.Module, map_location: str | torch.device) -> None:
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: its parameters are shards
+    if is_fsdp(model):
         raise CheckpointError(
             f"{file.parent} is a single-file (DDP / one-process) checkpoint; resume it with "
             "train.distributed=ddp (FSDP resumes only the sharded checkpoints FSDP runs write)"

@@ -2,8 +2,8 @@
 
 torchrun starts one process per device and sets ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``.
 With ``WORLD_SIZE`` > 1, :func:`process_group` joins the job (NCCL on GPUs, gloo on CPU); with
-one process nothing here touches ``torch.distributed`` and every helper is a no-op, so a
-single-process run is exactly what it was before.
+one process no process group exists and every helper is a no-op, so a single-process run is
+exactly what it was before.
 
 Conventions:
 
@@ -26,7 +26,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -237,6 +237,11 @@ def unused_parameters(model: nn.Module) -> list[str]:
             if p.requires_grad and p.grad is None]
 
 
+def is_fsdp(model: nn.Module) -> bool:
+    """Whether ``fully_shard`` made ``model`` an FSDP2 module (its parameters are shards)."""
+    return hasattr(model, "set_requires_gradient_sync")
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain module inside DDP (FSDP2 shards in place: the model itself)."""
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
@@ -251,7 +256,7 @@ def grad_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
     elif isinstance(model, nn.parallel.DistributedDataParallel):
         with model.no_sync():
             yield
-    elif hasattr(model, "set_requires_gradient_sync"):  # an FSDP2 module
+    elif is_fsdp(model):
         model.set_requires_gradient_sync(False)
         try:
             yield
@@ -289,7 +294,7 @@ def load_checkpoint_state(model: nn.Module, state: dict[str, Any],
                        optim_state_dict=state["optim"])
 
 
-def map_tensors(fn: Any, tree: Any) -> Any:
+def map_tensors(fn: Callable[[Tensor], Tensor], tree: Any) -> Any:
     """``tree`` (nested dicts, lists, tuples) with ``fn`` applied to every tensor in it."""
     if isinstance(tree, Tensor):
         return fn(tree)

@@ -261,7 +261,7 @@ def _train(
                dynamic_ncols=True)
     loss_sum, aux_sum, loss_count, window_time, window_tokens = 0.0, 0.0, 0, 0.0, 0
     last_eval: dict[str, float] = {}
-    check_unused = model is not plain and t.distributed == "ddp" and not t.find_unused_parameters
+    check_unused = model is not plain and not t.find_unused_parameters  # DDP wraps, FSDP not
     model.train()
     while step < t.steps:
         step_start = time.perf_counter()
