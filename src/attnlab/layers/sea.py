@@ -472,8 +472,10 @@ class SEACore(AttentionCore):
             aux = self._distill_losses(q, k, scale, key_padding_mask, rank_to_pos, logits,
                                        lengths)
         elif self.training and self.loss_weight:
-            dense = self._dense_logits(q, k, scale, key_padding_mask).detach()
-            probs = torch.softmax(dense, -1, dtype=torch.promote_types(dense.dtype, torch.float32))
+            with torch.no_grad():
+                dense = self._dense_logits(q, k, scale, key_padding_mask)
+                probs = torch.softmax(dense, -1,
+                                      dtype=torch.promote_types(dense.dtype, torch.float32))
             target = self._by_rank(probs.nan_to_num(0.0), rank_to_pos)
             aux["sea_estimate"] = self.loss_weight * estimate_loss(logits, lengths, target)
         return CoreOutput(out.to(q.dtype), aux, new_state)
