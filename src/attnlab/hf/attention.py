@@ -99,8 +99,8 @@ def _matching_states(cache: Any) -> dict[int, Any]:
 
 
 class _Call:
-    """One forward of a converted base model: its cache, the states usable with it, the
-    states produced, and the aux collector (if any)."""
+    """One forward of a converted model's layer stack: its cache, the states usable with it,
+    the states produced, and the aux collector (if any)."""
 
     def __init__(self, cache: Any, collector: Collected | None) -> None:
         self.cache = cache
@@ -114,13 +114,9 @@ _CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("attnlab_hf
                                                                       default=None)
 
 
-def _is_cache(value: Any) -> bool:
-    return isinstance(value, Cache)
-
-
 def _before_forward(module: nn.Module, args: tuple, kwargs: dict) -> None:
-    cache = next((v for v in (kwargs.get("cache"), kwargs.get("past_key_values")) if _is_cache(v)),
-                 None)
+    given = (kwargs.get("cache"), kwargs.get("past_key_values"))
+    cache = next((v for v in given if isinstance(v, Cache)), None)
     call = _Call(cache, getattr(module, COLLECTOR_ATTR, None))
     call.token = _CALL.set(call)
 
@@ -132,7 +128,7 @@ def _after_forward(module: nn.Module, args: tuple, kwargs: dict, output: Any) ->
     _CALL.reset(call.token)
     cache = call.cache
     if cache is None and isinstance(output, Mapping):  # a cache the layer stack created
-        cache = next((v for v in output.values() if _is_cache(v)), None)
+        cache = next((v for v in output.values() if isinstance(v, Cache)), None)
     if cache is not None and call.new_states:
         try:
             _STATES.setdefault(cache, {}).update(call.new_states)
