@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -48,25 +47,22 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _torchrun_cmd(out: Path, *args: str, program: tuple[str, ...] = ("-m", "attnlab")
                   ) -> list[str]:
-    """``attnlab train`` (or ``program``, taking its arguments) on 2 processes."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-            "--master-port", str(_free_port()), *program, "train", "--out", str(out),
-            "--quiet", *args]
+    """``attnlab train`` (or ``program``, taking its arguments) on 2 processes.
+
+    ``--standalone``: the launcher binds a free port itself (a port picked here and released
+    could be taken by another process before torchrun binds it).
+    """
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            "2", *program, "train", "--out", str(out), "--quiet", *args]
 
 
 def _torchrun(out: Path, *args: str) -> dict:
     """Run ``attnlab train`` on 2 processes; returns the run's summary."""
     proc = subprocess.run(_torchrun_cmd(out, *args), env=ENV, capture_output=True, text=True,
                           timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-8000:]  # the workers' errors, torchrun's report
     return json.loads((out / "summary.json").read_text())
 
 

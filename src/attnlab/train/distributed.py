@@ -167,6 +167,7 @@ def process_group(d: Dist, device: torch.device, timeout_s: float = 1800.0) -> I
     try:
         with _sigterm_raises():
             yield
+        dist.barrier()  # no rank closes its connections while a peer still reads from them
     finally:
         dist.destroy_process_group()
 
