@@ -48,14 +48,8 @@ def test_generate_with_the_cache_equals_generate_without(family):
     torch.testing.assert_close(torch.stack(runs[0].logits), torch.stack(runs[1].logits))
 
 
-SEA_LEFT_PADDING = pytest.mark.xfail(
-    strict=True, reason="SEA's causal position table is indexed by absolute position, so left "
-    "padding shifts it (needs the rank of each key among the real ones, in layers/sea.py)")
-
-
 @pytest.mark.parametrize(("family", "core"), [
-    *((family, core) for family in CAUSAL for core in ("sdpa", "performer", "reformer")),
-    pytest.param("llama", "sea", marks=SEA_LEFT_PADDING),
+    *((family, core) for family in CAUSAL for core in ("sdpa", "performer", "reformer", "sea")),
 ])
 def test_left_padded_generation_equals_the_unpadded_prompt(family, core):
     model = converted(family, *CORES[core])

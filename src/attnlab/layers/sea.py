@@ -265,17 +265,17 @@ class SEAEstimator(nn.Module):
             self.cnn = BidirectionalCNN(h, self.image_width)
 
     def position_code(self, key_mask: Tensor | None, t_k: int, device: torch.device) -> Tensor:
-        """``[B or 1, 1, Tk, d]``: the learned table (causal; positions past its end reuse its
-        last row) or the relative soft one-hot over real-key ranks (bidirectional)."""
-        if self.causal:
-            pos = torch.arange(t_k, device=device).clamp_max(self.position_table.shape[0] - 1)
-            return self.position_table[pos][None, None]
-        d = self.encoder[0].in_features // 3
+        """``[B or 1, 1, Tk, d]`` by each key's rank among the real keys (so left padding
+        shifts nothing): the learned table (causal; ranks past its end reuse its last row) or
+        the relative soft one-hot of the rank (bidirectional)."""
         if key_mask is None:
             ranks = torch.arange(t_k, device=device)[None]
-            lengths = torch.full((1,), t_k, device=device)
         else:
-            ranks, lengths = key_mask.long().cumsum(-1) - 1, key_mask.sum(-1)
+            ranks = (key_mask.long().cumsum(-1) - 1).clamp_min(0)
+        if self.causal:
+            return self.position_table[ranks.clamp_max(self.position_table.shape[0] - 1)][:, None]
+        d = self.encoder[0].in_features // 3
+        lengths = torch.full((1,), t_k, device=device) if key_mask is None else key_mask.sum(-1)
         return relative_position_code(ranks, lengths, d).unsqueeze(1)
 
     def _row_features(self, perf: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
