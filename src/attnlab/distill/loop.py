@@ -213,7 +213,8 @@ def distill(run_cfg: DistillRunConfig, out_dir: str | Path, *, resume: bool = Fa
 
 
 def _inference_grid(student: DecoderLM, d: DistillConfig, evaluate, seq_len: int) -> list[dict]:
-    """The student's perplexity at every dynamic-k x query-skip setting (SEA cores only)."""
+    """The student's perplexity at every dynamic-k x query-skip setting (SEA cores only), each
+    on the same first ``eval_tokens`` held-out tokens (the grid compares within itself)."""
     cores = sea_cores(student)
     if not cores:
         return []
@@ -224,7 +225,7 @@ def _inference_grid(student: DecoderLM, d: DistillConfig, evaluate, seq_len: int
         for skip in d.query_skip:
             for core in cores:
                 core.set_inference(k=k, query_skip=skip)
-            result = evaluate(student, seq_len, d.final_eval_tokens)
+            result = evaluate(student, seq_len, d.eval_tokens)
             grid.append({"k": k, "query_skip": skip, "ppl": result["ppl"], "bpc": result["bpc"]})
             logger.info("student k=%d query_skip=%d: ppl %.3f", k, skip, result["ppl"])
     for core in cores:
