@@ -1,4 +1,4 @@
-"""The ``attnlab`` command line: train, eval, generate, macs, bench, demo."""
+"""The ``attnlab`` command line: train, distill, eval, generate, macs, bench, report, demo."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from pathlib import Path
 from attnlab import __version__
 
 logger = logging.getLogger("attnlab")
+
+DEMO_BUDGET_MINUTES = 13.0
+"""``attnlab demo``'s default budget: 15 minutes of ``make demo`` on 2 CPU cores, less set-up."""
 
 
 def builtin_config(name: str) -> Path:
@@ -175,21 +178,19 @@ def cmd_bench_attention(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from attnlab.report import curves_table, plot_curves, read_run
+    from attnlab.report import build_report, collect, compact_table
 
-    names = args.names or [None] * len(args.runs)
-    if len(names) != len(args.runs):
-        raise SystemExit(f"error: {len(args.names)} --names for {len(args.runs)} --runs")
-    runs = [read_run(d, n) for d, n in zip(args.runs, names, strict=True)]
-    table = curves_table(runs)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(table + "\n")
-    print(table)
+    paths = [*args.paths, *(args.runs or [])]
+    if not paths:
+        raise SystemExit("error: attnlab report needs run folders, bench JSON files or a demo "
+                         "folder")
     try:
-        print(f"saved {plot_curves(runs, out.with_suffix('.png'), args.title)}")
-    except ImportError as err:
-        logging.getLogger(__name__).warning("no plot: %s", err)
+        results = build_report(collect(paths), Path(args.out), title=args.title)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(compact_table(results))
+    print(f"saved {Path(args.out) / 'report.md'}")
     return 0
 
 
@@ -212,8 +213,13 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from attnlab.demo import run_demo
+    from attnlab.report import compact_table
 
-    run_demo(Path(args.out), quiet=args.quiet)
+    results = run_demo(Path(args.out), budget_minutes=args.budget_minutes,
+                       scale="smoke" if args.smoke else "full", device=args.device,
+                       progress=not args.quiet)
+    print(compact_table(results))
+    print(f"report: {Path(args.out) / 'report.md'}")
     return 0
 
 
@@ -332,18 +338,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
     p.set_defaults(func=cmd_bench_train)
 
-    p = sub.add_parser("report", help="quality curves of finished runs: table + PNG")
-    p.add_argument("--runs", nargs="+", required=True, metavar="DIR",
-                   help="run directories (from attnlab train)")
-    p.add_argument("--names", nargs="+", default=None, help="labels (default: folder names)")
-    p.add_argument("--out", required=True, metavar="PREFIX",
-                   help="writes PREFIX.md and, with matplotlib, PREFIX.png")
-    p.add_argument("--title", default="")
+    p = sub.add_parser("report", help="the report of runs and benchmarks: Markdown, PNG, JSON")
+    p.add_argument("paths", nargs="*", metavar="PATH",
+                   help="run folders (attnlab train / distill), bench JSON files, or folders "
+                        "holding them (e.g. a demo's output)")
+    p.add_argument("--runs", nargs="+", default=None, metavar="DIR",
+                   help="more run folders (same as giving them as PATHs)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="writes DIR/report.md, DIR/*.png (with matplotlib), DIR/results.json")
+    p.add_argument("--title", default="attnlab report")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("demo", help="the main job on built-in data: train and report")
-    p.add_argument("--out", default="runs/demo")
-    p.add_argument("--quiet", action="store_true")
+    p = sub.add_parser("demo", help="the main job: train, distil, benchmark and report, "
+                                    "within a time budget")
+    p.add_argument("--out", default="runs/demo", help="output folder (re-run to resume)")
+    p.add_argument("--budget-minutes", type=float, default=DEMO_BUDGET_MINUTES,
+                   help="wall-clock budget of the stages (steps are scaled to fit)")
+    p.add_argument("--smoke", action="store_true",
+                   help="toy sizes, every stage in seconds (for tests)")
+    p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_demo)
     return parser
 
@@ -357,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
     )
-    if getattr(args, "bench", None):  # every benchmarked mechanism runs on the tuned heap
+    if getattr(args, "bench", None) or args.command == "demo":  # benchmarks: on the tuned heap
         from attnlab.utils.allocator import tune_cpu_allocator
 
         tune_cpu_allocator()

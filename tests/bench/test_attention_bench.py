@@ -184,3 +184,35 @@ def test_cli_smoke(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| attention | fwdbwd |" in printed and "log-log slope" in printed
     assert f"saved {out}" in printed
+
+
+def _layer_model(**attention):
+    from attnlab.models import ModelConfig
+
+    return ModelConfig(d_model=16, n_layers=1, d_ff=32, max_seq_len=64,
+                       attention={"n_heads": 2, "d_head": 8, **attention})
+
+
+def test_attention_layers_side_by_side_with_macs(tmp_path):
+    models = {"sdpa": _layer_model(),
+              "switchhead": _layer_model(projections={"name": "switchhead", "n_experts": 2,
+                                                      "k": 1}),
+              "performer": _layer_model(core="performer")}
+    path = tmp_path / "layers.json"
+    records = attention.run_layers(models, [32, 16], reps=5, json_path=path)
+    assert [(r.shape["seq_len"], r.name) for r in records] == [
+        (t, m) for t in (16, 32) for m in models]
+    assert all(r.bench == "attention-layer" and r.baseline == "sdpa" for r in records)
+    base = {r.shape["seq_len"]: r.ms_median for r in records if r.name == "sdpa"}
+    for r in records:
+        assert r.ratio == pytest.approx(r.ms_median / base[r.shape["seq_len"]])
+        assert r.shape["attention"]["n_heads"] == 2 and r.shape["d_model"] == 16
+    macs = {(r.name, r.shape["seq_len"]): r.shape["macs"] for r in records}
+    assert macs["sdpa", 32] > macs["sdpa", 16] > 0 and macs["performer", 16] is None
+    assert read_json(path)[1] == records
+
+
+def test_attention_layers_stop_at_the_time_budget():
+    records = attention.run_layers({"sdpa": _layer_model()}, [8, 16, 32], reps=5,
+                                   time_budget_s=0.0)
+    assert [r.shape["seq_len"] for r in records] == [8]  # the first length always runs

@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from attnlab.cli import main
 from attnlab.report import curves_table, plot_curves, read_run
-
-
-def _fake_run(path, curve, metric="eval_bpc", params=1000):
-    path.mkdir(parents=True)
-    (path / "summary.json").write_text(json.dumps({"params": params, metric: curve[-1][1]}))
-    rows = [{"step": s, "loss": 3.0 - s / 1000} for s in range(10, 31, 10)]
-    rows += [{"step": s, metric: v, "eval_tokens": 100} for s, v in curve]
-    (path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return path
+from tests.report.fixtures import fake_run
 
 
 def test_table_lists_every_evaluated_step(tmp_path):
-    a = read_run(_fake_run(tmp_path / "a", [(10, 3.0), (30, 2.5)]))
-    b = read_run(_fake_run(tmp_path / "b", [(10, 3.1), (20, 2.9), (30, 2.6)], params=2000),
+    a = read_run(fake_run(tmp_path / "a", [(10, 3.0), (30, 2.5)]))
+    b = read_run(fake_run(tmp_path / "b", [(10, 3.1), (20, 2.9), (30, 2.6)], params=2000),
                  name="bee")
     assert a.eval_curve == [(10, 3.0), (30, 2.5)] and len(a.train_curve) == 3
     table = curves_table([a, b])
@@ -32,8 +22,8 @@ def test_table_lists_every_evaluated_step(tmp_path):
 
 
 def test_mixed_metrics_and_missing_files_are_errors(tmp_path):
-    a = read_run(_fake_run(tmp_path / "a", [(10, 3.0)]))
-    b = read_run(_fake_run(tmp_path / "b", [(10, 30.0)], metric="eval_ppl"))
+    a = read_run(fake_run(tmp_path / "a", [(10, 3.0)]))
+    b = read_run(fake_run(tmp_path / "b", [(10, 30.0)], metric="eval_ppl"))
     assert b.metric == "eval_ppl"
     with pytest.raises(ValueError, match="different metrics"):
         curves_table([a, b])
@@ -46,13 +36,21 @@ def test_mixed_metrics_and_missing_files_are_errors(tmp_path):
 
 def test_plot_and_cli(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    runs = [_fake_run(tmp_path / n, [(10, 3.0), (20, 2.7)]) for n in ("x", "y")]
+    runs = [fake_run(tmp_path / n, [(10, 3.0), (20, 2.7)]) for n in ("x", "y")]
     png = plot_curves([read_run(r) for r in runs], tmp_path / "p.png", title="t")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    out = tmp_path / "rep" / "q"
-    assert main(["report", "--runs", *map(str, runs), "--names", "X", "Y", "--out",
-                 str(out)]) == 0
-    assert "| X |" in out.with_suffix(".md").read_text()
-    assert out.with_suffix(".png").stat().st_size > 1000
-    assert main(["report", "--runs", str(tmp_path / "nope"), "--out", str(out)]) == 2
-    assert "is not a finished run" in capsys.readouterr().err
+    out = tmp_path / "rep"
+    assert main(["report", "--runs", *map(str, runs), "--out", str(out)]) == 0  # older usage
+    assert "| x | 1,000 | 3.000 | 2.700 |" in (out / "report.md").read_text()
+    assert (out / "quality.png").stat().st_size > 1000
+    assert main(["report", str(tmp_path / "nope"), "--out", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_training_time_comes_from_the_logged_throughput(tmp_path):
+    run = read_run(fake_run(tmp_path / "a", [(10, 3.0), (30, 2.5)], tokens_per_step=64,
+                            tokens_per_s=640.0))
+    assert run.tokens_per_step == 64
+    assert run.train_time == [(10, 1.0), (20, 2.0), (30, 3.0)]
+    assert run.seconds_at(15) == pytest.approx(1.5) and run.seconds_at(5) == pytest.approx(0.5)
+    assert run.seconds_at(31) is None

@@ -20,9 +20,11 @@ GiB is not run and gets a record with ``"skipped": reason``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -40,12 +42,14 @@ from attnlab.bench.common import (
     time_side_by_side,
     write_json,
 )
-from attnlab.config import ConfigError, PartSpec, apply_override
+from attnlab.config import ConfigError, PartSpec, apply_override, to_dict
 from attnlab.layers import CORES, AttentionCore, LayerContext
+from attnlab.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
 BENCH = "attention"
+LAYER_BENCH = "attention-layer"
 BASELINE = "sdpa"
 PREFERRED = ("sdpa", "eager", "sea", "performer", "reformer")
 DEFAULT_SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
@@ -199,9 +203,7 @@ def run(
         logger.info("adding the baseline %r to the mechanisms", BASELINE)
         mechs.insert(0, BASELINE)
     specs = core_specs(mechs, options)
-    lengths = sorted(set(seq_lens))
-    if not lengths or lengths[0] < 1:
-        raise ValueError(f"seq_lens must be positive, got {list(seq_lens)}")
+    lengths = _lengths(seq_lens)
     dev = torch.device(device)
     budget = (default_max_mem_gb(dev) if max_mem_gb is None else max_mem_gb) * GIB
     grad = pass_ == "fwdbwd"
@@ -210,7 +212,7 @@ def run(
                 pass_, "causal" if causal else "bidirectional", batch, heads, d_head,
                 str(dtype).removeprefix("torch."), budget / GIB)
 
-    def prepared(seq_len: int) -> tuple[list[Tensor], dict[str, Callable[[], None]]]:
+    def prepared(seq_len: int) -> dict[str, Callable[[], None]]:
         qkv = _inputs(batch, heads, seq_len, d_head, grad=grad, dtype=dtype, device=dev,
                       seed=seed)
         calls = {}
@@ -219,45 +221,14 @@ def run(
             core = build_core(specs[m], heads=heads, d_head=d_head, seq_len=seq_len,
                               causal=causal, device=dev, dtype=dtype)
             calls[m] = _call(core, qkv, pass_)
-        return qkv, calls
+        return calls
 
-    history: dict[str, list[tuple[int, float]]] = {m: [] for m in mechs}
-    for t in probe_lengths(lengths):
-        _, calls = prepared(t)
-        for m, call in calls.items():
-            history[m].append((t, peak_memory_mb(call, dev) * MIB))
-
-    records: list[Record] = []
-    for seq_len in lengths:
-        shape = _shape(seq_len, heads, d_head, batch, causal, dtype)
-        inputs_bytes = 3 * batch * heads * seq_len * d_head * elt * (2 if grad else 1)
-        skipped: dict[str, str] = {}
-        for m in mechs:
-            need = extrapolate_bytes(history[m], seq_len) + inputs_bytes
-            if need > budget:
-                (t1, _), (t2, _) = history[m][-2:]
-                skipped[m] = (f"needs ~{need / GIB:.1f} GiB (extrapolated from seq_len {t1} and "
-                              f"{t2}), over the {budget / GIB:.1f} GiB limit (--max-mem-gb)")
-        if BASELINE in skipped:
-            for m in mechs:
-                skipped.setdefault(m, f"baseline {BASELINE!r} skipped: {skipped[BASELINE]}")
-        for m, reason in skipped.items():
-            logger.warning("skipping %s at seq_len %d: %s", m, seq_len, reason)
-        qkv, calls = prepared(seq_len)
-        calls = {m: c for m, c in calls.items() if m not in skipped}
-        timings = time_side_by_side(calls, reps, device=dev) if calls else {}
-        for m in mechs:
-            if m in skipped:
-                records.append(Record(BENCH, m, pass_, shape, None, None, None,
-                                      skipped=skipped[m]))
-                continue
-            mem = peak_memory_mb(calls[m], dev)
-            history[m].append((seq_len, mem * MIB))
-            timing = timings[m]
-            records.append(Record(BENCH, m, pass_, shape, timing.median, timing.min, mem))
-            logger.info("seq_len %d %s %s: %.2f ms (min %.2f), %.1f MiB",
-                        seq_len, m, pass_, timing.median, timing.min, mem)
-        del qkv, calls
+    records = measure_lengths(
+        mechs, lengths, prepared, bench=BENCH, baseline=BASELINE, pass_=pass_, reps=reps,
+        mem_budget=budget,
+        inputs_bytes=lambda t: 3 * batch * heads * t * d_head * elt * (2 if grad else 1),
+        shape=lambda t: _shape(t, heads, d_head, batch, causal, dtype), device=dev,
+    )
     fill_ratios(records, BASELINE)
     for r in records:  # after the ratios: options are per mechanism, the grouping is by shape
         if specs[r.name].options:
@@ -268,6 +239,150 @@ def run(
         from attnlab.bench.plot import machine_label, plot_scaling
 
         plot_scaling(records, plot_path, title=_title(records, machine_label(machine_info())))
+    return records
+
+
+def run_layers(
+    models: Mapping[str, ModelConfig],
+    seq_lens: Sequence[int] = DEFAULT_SEQ_LENS,
+    *,
+    batch: int = 1,
+    reps: int = 10,
+    max_mem_gb: float | None = None,
+    time_budget_s: float | None = None,
+    json_path: str | os.PathLike[str] | None = None,
+    device: str = "cpu",
+    seed: int = 0,
+) -> list[Record]:
+    """Whole attention layers against length: for a mechanism that is not an attention core
+    (SwitchHead changes the projections), or to include projections and positions in the
+    cost. ``models`` maps a name to the model config whose first layer's attention is
+    benchmarked (built as that model builds it, ``max_seq_len = T``); the first one is the
+    baseline. Forward (eval mode, no autograd) of ``[batch, T, d_model]`` random input, causal;
+    ``time_budget_s`` as in :func:`measure_lengths`. Each record's shape holds the common
+    ``seq_len``, ``d_model``, ``batch``, then (after the ratios) the layer's ``attention``
+    config and ``macs``, its forward MACs (:func:`attnlab.metrics.exact_attention_cost`; None
+    for cores without MAC accounting)."""
+    from attnlab.metrics.macs import SOFTMAX_CORES, exact_attention_cost
+    from attnlab.models.lm import Block
+
+    names = list(models)
+    if not names:
+        raise ValueError("run_layers needs at least one model config")
+    widths = {cfg.d_model for cfg in models.values()}
+    if len(widths) > 1:
+        raise ValueError(f"layers of one benchmark share d_model, got {sorted(widths)}")
+    (d_model,) = widths
+    dev = torch.device(device)
+    budget = (default_max_mem_gb(dev) if max_mem_gb is None else max_mem_gb) * GIB
+
+    def prepared(seq_len: int) -> dict[str, Callable[[], None]]:
+        x = torch.randn(batch, seq_len, d_model, generator=torch.Generator().manual_seed(seed))
+        x = x.to(dev)
+        calls = {}
+        for name, cfg in models.items():
+            torch.manual_seed(seed)
+            layer = Block(dataclasses.replace(cfg, max_seq_len=seq_len), 0).attn.to(dev).eval()
+            calls[name] = fwd(lambda layer=layer: layer(x).hidden)
+        return calls
+
+    def shape(seq_len: int) -> dict[str, Any]:
+        return {"seq_len": seq_len, "d_model": d_model, "batch": batch, "causal": True,
+                "dtype": "float32"}
+
+    records = measure_lengths(
+        names, _lengths(seq_lens), prepared, bench=LAYER_BENCH, baseline=names[0], pass_="fwd",
+        reps=reps, mem_budget=budget, inputs_bytes=lambda t: 4 * batch * t * d_model,
+        shape=shape, device=dev, time_budget_s=time_budget_s,
+    )
+    fill_ratios(records, names[0])
+    for r in records:
+        cfg = models[r.name]
+        att = cfg.attention
+        macs = None
+        if att.core.name in SOFTMAX_CORES:
+            macs = exact_attention_cost(att.projections, att.positions, d_model=d_model,
+                                        n_heads=att.n_heads, d_head=cfg.d_head,
+                                        seq_len=r.shape["seq_len"], memory_len=0)["macs"]
+        r.shape = {**r.shape, "attention": to_dict(att), "macs": macs}
+    if json_path is not None:
+        write_json(json_path, records, summary=summarize(records))
+    return records
+
+
+def _lengths(seq_lens: Sequence[int]) -> list[int]:
+    lengths = sorted(set(seq_lens))
+    if not lengths or lengths[0] < 1:
+        raise ValueError(f"seq_lens must be positive, got {list(seq_lens)}")
+    return lengths
+
+
+def measure_lengths(
+    mechs: Sequence[str],
+    lengths: Sequence[int],
+    prepared: Callable[[int], Mapping[str, Callable[[], None]]],
+    *,
+    bench: str,
+    baseline: str,
+    pass_: str,
+    reps: int,
+    mem_budget: float,
+    inputs_bytes: Callable[[int], float],
+    shape: Callable[[int], dict[str, Any]],
+    device: torch.device,
+    time_budget_s: float | None = None,
+) -> list[Record]:
+    """The measuring loop of every scaling benchmark: at each length (ascending),
+    ``prepared(T)`` gives one call per mechanism; they are timed side by side and each one's
+    peak memory is measured. The memory guard (module docstring) skips, with a record saying
+    why, a mechanism whose extrapolated peak plus ``inputs_bytes(T)`` exceeds ``mem_budget``
+    bytes (all of them when ``baseline`` is skipped). With ``time_budget_s``,
+    lengths stop (unrecorded) once the next one, predicted at 4x the time of the last (twice
+    the length of a quadratic mechanism), would end past that many seconds. Records have no
+    ratios yet."""
+    start = time.perf_counter()
+    history: dict[str, list[tuple[int, float]]] = {m: [] for m in mechs}
+    for t in probe_lengths(lengths):
+        for m, call in prepared(t).items():
+            history[m].append((t, peak_memory_mb(call, device) * MIB))
+
+    records: list[Record] = []
+    last_s = 0.0
+    for seq_len in lengths:
+        elapsed = time.perf_counter() - start
+        if time_budget_s is not None and records and elapsed + 4 * last_s > time_budget_s:
+            logger.warning("stopping before seq_len %d: %.0f s of the %.0f s time budget spent",
+                           seq_len, elapsed, time_budget_s)
+            break
+        length_start = time.perf_counter()
+        skipped: dict[str, str] = {}
+        for m in mechs:
+            need = extrapolate_bytes(history[m], seq_len) + inputs_bytes(seq_len)
+            if need > mem_budget:
+                (t1, _), (t2, _) = history[m][-2:]
+                skipped[m] = (f"needs ~{need / GIB:.1f} GiB (extrapolated from seq_len {t1} and "
+                              f"{t2}), over the {mem_budget / GIB:.1f} GiB limit (--max-mem-gb)")
+        if baseline in skipped:
+            for m in mechs:
+                skipped.setdefault(m, f"baseline {baseline!r} skipped: {skipped[baseline]}")
+        for m, reason in skipped.items():
+            logger.warning("skipping %s at seq_len %d: %s", m, seq_len, reason)
+        calls = {m: c for m, c in prepared(seq_len).items() if m not in skipped}
+        timings = time_side_by_side(calls, reps, device=device) if calls else {}
+        for m in mechs:
+            if m in skipped:
+                records.append(Record(bench, m, pass_, shape(seq_len), None, None, None,
+                                      skipped=skipped[m]))
+                continue
+            mem = peak_memory_mb(calls[m], device)
+            history[m].append((seq_len, mem * MIB))
+            timing = timings[m]
+            records.append(Record(bench, m, pass_, shape(seq_len), timing.median, timing.min,
+                                  mem))
+            logger.info("seq_len %d %s %s: %.2f ms (min %.2f), %.1f MiB",
+                        seq_len, m, pass_, timing.median, timing.min, mem)
+        del calls
+        last_s = time.perf_counter() - length_start
     return records
 
 

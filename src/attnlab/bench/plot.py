@@ -35,10 +35,12 @@ def plot_scaling(
     path: str | os.PathLike[str],
     *,
     x: str = "seq_len",
+    xlabel: str | None = None,
     title: str = "",
 ) -> Path:
-    """Two log-log panels, ``ms_median`` and ``peak_mem_mb`` against ``shape[x]``, one line
-    per record name (in first-seen order); skipped records are left out. Writes a PNG."""
+    """Two log-log panels, ``ms_median`` and ``peak_mem_mb`` against ``shape[x]`` (axis label
+    ``xlabel``, default ``x``), one line per record name (in first-seen order); skipped
+    records are left out. Writes a PNG."""
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -63,7 +65,7 @@ def plot_scaling(
         ax.set_yscale("log")
         ax.set_xticks(sizes, [str(s) for s in sizes])
         ax.minorticks_off()
-        ax.set_xlabel(x)
+        ax.set_xlabel(xlabel or x)
         ax.set_ylabel(label)
         ax.grid(True, which="major", alpha=0.3)
     ax_t.legend(loc="upper left")  # scaling lines rise to the right

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -98,8 +98,18 @@ def run(
     """Time a training step of every config side by side (``steps`` reps each, >= 5) and
     measure one step's peak memory; returns one record per config (named by the file stem,
     ratio against the first config) and writes them to ``json_path`` when given."""
+    return run_configs(load_configs(configs, overrides), steps, json_path, device)
+
+
+def run_configs(
+    cfgs: Mapping[str, RunConfig],
+    steps: int = 5,
+    json_path: str | os.PathLike[str] | None = None,
+    device: str = "cpu",
+) -> list[Record]:
+    """:func:`run` for configs already loaded, ``{record name: RunConfig}`` (the first is the
+    baseline of the ratios)."""
     dev = torch.device(device)
-    cfgs = load_configs(configs, overrides)
     models: dict[str, DecoderLM] = {}
     calls: dict[str, Callable[[], None]] = {}
     for name, cfg in cfgs.items():
