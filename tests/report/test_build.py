@@ -38,8 +38,8 @@ def test_report_tables_figures_and_json(inputs):
     md = (out / "report.md").read_text()
     # headline: the probe's first record is the baseline and comes first; switch takes half the
     # step time and reaches dense's final 2.4 at step 25: 0.125 s vs 0.3 s
-    assert ("| dense | 1,001 | 1,920 | 2.400 | 10 | 1.00 | 0.3 | 0.3 | 1.00 | 10 |" in md)
-    assert ("| switch | 1,000 | 1,920 | 2.300 | 5 | 0.50 | 0.1 | 0.1 | 0.42 | 10 |" in md)
+    assert "| dense | 1,001 | 1,920 | 2.400 | 10 | 1.00 | 0.3 | 0.3 | 1.00 | 10 | 3.0 |" in md
+    assert "| switch | 1,000 | 1,920 | 2.300 | 5 | 0.50 | 0.1 | 0.1 | 0.42 | 10 | 3.0 |" in md
     switch = results["headline"][1]
     assert switch["model"] == "switch" and switch["reach_ratio"] == pytest.approx(0.125 / 0.3)
     # students: teacher vs student, step times of both from the probe

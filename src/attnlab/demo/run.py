@@ -42,7 +42,7 @@ from attnlab.demo.plan import (
     plan_distill_steps,
     plan_train_steps,
 )
-from attnlab.distill import distill, load_distill_config
+from attnlab.distill import DistillRunConfig, distill, load_distill_config
 from attnlab.report import build_report, collect
 from attnlab.train import load_run_config, train
 from attnlab.train.config import RunConfig
@@ -83,6 +83,7 @@ class Demo:
             *self.scale.overrides, *overrides, f"train.device={self.device}"])
 
     def timed(self, name: str, fn: Callable[[], Any]) -> Any:
+        """``fn()``, its wall-clock seconds recorded as stage ``name``."""
         start = time.perf_counter()
         result = fn()
         self.stages_s[name] = time.perf_counter() - start
@@ -138,6 +139,7 @@ class Demo:
         return steps
 
     def train_model(self, name: str, steps: int) -> None:
+        """Train model ``name`` for ``steps`` (resume a started run, reuse a finished one)."""
         run_dir = self.out / "runs" / name
         if (run_dir / "summary.json").is_file():
             logger.info("%s: finished earlier, reusing %s", name, run_dir)
@@ -157,7 +159,8 @@ class Demo:
                 f"train.log_every={max(1, min(10, every // 2))}"))
         train(cfg, run_dir, resume=resume, progress=self.progress)
 
-    def distill_config(self, name: str, steps: int):
+    def distill_config(self, name: str, steps: int) -> DistillRunConfig:
+        """Distillation of student ``name`` from the teacher run, ``steps`` steps."""
         core = self.config(STUDENTS[name]).model.attention.core
         base = {"distill": {
             "teacher": str(self.out / "runs" / TEACHER), "student_attention": core.to_yaml(),
@@ -166,6 +169,7 @@ class Demo:
         return load_distill_config(base=base, overrides=self.scale.distill)
 
     def distill_student(self, name: str, steps: int) -> None:
+        """Distil student ``name`` (resume a started run, reuse a finished one)."""
         run_dir = self.out / "runs" / name
         if (run_dir / "summary.json").is_file():
             logger.info("%s: finished earlier, reusing %s", name, run_dir)
@@ -176,6 +180,7 @@ class Demo:
         distill(cfg, run_dir, resume=resume, progress=self.progress)
 
     def bench(self) -> None:
+        """Attention layers against length, within the benchmark's share of the budget."""
         path = self.out / "bench-attention-layers.json"
         if path.is_file():
             logger.info("benchmark: finished earlier, reusing %s", path)
@@ -190,6 +195,7 @@ class Demo:
                    json_path=path, device=self.device)
 
     def report(self) -> dict[str, Any]:
+        """``demo.json``, then the report of every stage's results."""
         demo = {"mode": self.scale.name, "budget_s": self.budget_s,
                 "wall_s": time.perf_counter() - self.start, "stages_s": self.stages_s,
                 "device": self.device, "notes": NOTES}

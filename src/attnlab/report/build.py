@@ -345,15 +345,21 @@ def headline_table(rows: Sequence[dict[str, Any]]) -> str:
     base = rows[0]["baseline"]
     side = all(r["side_by_side"] for r in rows)
     lines = [f"| model | params | tokens | {label} | step ms | x {base} | training s | "
-             f"s to {base}'s final | x {base} | peak MiB/step |", "|" + "---|" * 10]
+             f"s to {base}'s final | x {base} | peak MiB/step | own run s |",
+             "|" + "---|" * 11]
     for r in rows:
         lines.append(
             f"| {r['model']} | {_fmt(r['params'], ',')} | {_fmt(r['tokens'], ',')} | "
             f"{_fmt(r['final'])} | {_fmt(r['step_ms'], '.0f')} | {_fmt(r['step_ratio'], '.2f')} "
             f"| {_fmt(r['train_s'], '.1f')} | {_fmt(r['reach_s'], '.1f', 'not reached')} | "
-            f"{_fmt(r['reach_ratio'], '.2f')} | {_fmt(r['step_peak_mib'], '.0f')} |")
-    note = ("Step times were measured side by side in one process (alternating repetitions, "
-            "median); training s = steps x step ms." if side else
+            f"{_fmt(r['reach_ratio'], '.2f')} | {_fmt(r['step_peak_mib'], '.0f')} | "
+            f"{_fmt(r['train_s_own'], '.1f')} |")
+    note = ("Step ms: one training step (forward, backward, optimizer) measured side by side "
+            "with the other models in one process (alternating repetitions, median of at least "
+            "5, warm-up excluded); training s = steps x step ms, and s to the baseline's final "
+            "quality likewise (interpolated between evaluations). Own run s: the summed step "
+            "times each training run measured for itself, one run after the other, shown for "
+            "reference only (load on the machine may differ between runs)." if side else
             "Some runs have no side-by-side step time: their training s is their own measured "
             "time (separate runs: not comparable as a ratio).")
     return "\n".join(lines) + "\n\n" + note
