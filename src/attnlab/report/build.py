@@ -554,21 +554,28 @@ def _finite(obj: Any) -> Any:
 
 
 def compact_table(results: Mapping[str, Any]) -> str:
-    """The few lines ``attnlab demo`` prints at the end: each model's quality, speed ratio
-    and time to the baseline's quality, then each student against its teacher."""
-    lines = []
-    for r in results["headline"]:
-        reach = ("does not reach its quality" if r["reach_s"] is None else
-                 f"reaches its quality in {_fmt(r['reach_ratio'], '.2f')}x the time")
-        lines.append(f"{r['model']:>14}: {metric_label(r['metric'])} {_fmt(r['final'])}, step "
-                     f"{_fmt(r['step_ratio'], '.2f')}x {r['baseline']}'s, {reach}")
-    for r in results["students"]:
-        lines.append(f"{r['student']:>14}: ppl {_fmt(r['student_ppl'])} vs teacher "
-                     f"{_fmt(r['teacher_ppl'])} ({_fmt(r['ppl_ratio'], '.2f')}x)")
+    """The short tables ``attnlab demo`` and ``attnlab report`` print at the end: each model's
+    quality, step time and time to the baseline's quality (ratios to the baseline), each
+    student against its teacher, and where each attention mechanism beats the baseline."""
+    blocks = []
+    if results["headline"]:
+        first = results["headline"][0]
+        base, label = first["baseline"], metric_label(first["metric"])
+        lines = [f"| model | {label} | step time x {base} | time to {base}'s quality x |",
+                 "|---|---|---|---|"]
+        lines += [f"| {r['model']} | {_fmt(r['final'])} | {_fmt(r['step_ratio'], '.2f')} | "
+                  f"{_fmt(r['reach_ratio'], '.2f', 'not reached' if r['reach_s'] is None else '-')}"
+                  " |" for r in results["headline"]]
+        blocks.append("\n".join(lines))
+    if results["students"]:
+        lines = ["| student | ppl | teacher ppl | x teacher |", "|---|---|---|---|"]
+        lines += [f"| {r['student']} | {_fmt(r['student_ppl'])} | {_fmt(r['teacher_ppl'])} | "
+                  f"{_fmt(r['ppl_ratio'], '.2f')} |" for r in results["students"]]
+        blocks.append("\n".join(lines))
     for bench, s in results["scaling"].items():
-        for name, c in s["crossovers"].items():
-            where = (f"faster from {c['faster_from']}" if c["faster_from"] is not None
-                     else "never faster")
-            lines.append(f"{name:>14}: {bench} {where} vs {c['baseline']} "
-                         f"(best {c['best_ratio']:.2f}x at {c['best_at']})")
-    return "\n".join(lines)
+        lines = [f"| {bench} | faster than baseline from T = | best time ratio (at T) |",
+                 "|---|---|---|"]
+        lines += [f"| {name} | {c['faster_from'] or 'never'} | {c['best_ratio']:.2f} "
+                  f"({c['best_at']}) |" for name, c in s["crossovers"].items()]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
