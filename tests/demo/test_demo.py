@@ -8,7 +8,15 @@ import logging
 import pytest
 
 from attnlab.cli import main
-from attnlab.demo.plan import FULL, SMOKE, STUDENTS, TRAINED, plan_distill_steps, plan_train_steps
+from attnlab.demo.plan import (
+    FULL,
+    SAFETY,
+    SMOKE,
+    STUDENTS,
+    TRAINED,
+    plan_distill_steps,
+    plan_train_steps,
+)
 from attnlab.demo.run import run_demo
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -18,7 +26,7 @@ def test_training_steps_fill_the_budget_equally():
     step_s = {"a": 0.5, "b": 0.25, "c": 0.25}
     steps = plan_train_steps(step_s, 1000.0, FULL, tokens_per_step=2048)
     evals = (FULL.evals * FULL.eval_tokens + FULL.final_eval_tokens) / 2048 / 3
-    assert steps == int((1000.0 - 3 * 3.0) / 1.0 - evals)
+    assert steps == int((SAFETY * 1000.0 - 3 * 3.0) / 1.0 - evals)
     assert plan_train_steps(step_s, 1.0, FULL, 2048) == FULL.min_steps
     assert plan_train_steps(step_s, 1e9, FULL, 2048) == FULL.max_steps
     assert plan_train_steps(step_s, 1e9, SMOKE, 64) == SMOKE.max_steps
@@ -27,7 +35,7 @@ def test_training_steps_fill_the_budget_equally():
 def test_distillation_steps_pay_for_the_teacher_and_the_evaluations():
     plain = plan_distill_steps({"s": 1.0}, 1.0, 600.0, FULL, 2048, 8192, 32768, {})
     with_grid = plan_distill_steps({"s": 1.0}, 1.0, 600.0, FULL, 2048, 8192, 32768, {"s": 9})
-    assert plain == int((600.0 - 3.0 - 2 * 16 / 3) / 1.5)
+    assert plain == int((SAFETY * 600.0 - 3.0 - 2 * 16 / 3) / 1.5)
     assert with_grid < plain
 
 

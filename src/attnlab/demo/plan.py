@@ -55,6 +55,9 @@ model, checkpoints), assumed by the planner."""
 FORWARD_FRACTION = 1 / 3
 """An evaluation forward costs about this fraction of a training step on as many tokens."""
 
+SAFETY = 0.92
+"""The planners fill this fraction of the seconds they are given (step times drift)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Scale:
@@ -123,7 +126,7 @@ def plan_train_steps(step_s: Mapping[str, float], seconds: float, scale: Scale,
     range."""
     evals = (scale.evals * scale.eval_tokens + scale.final_eval_tokens) / tokens_per_step
     per_round = sum(step_s.values())
-    usable = seconds - RUN_OVERHEAD_S * len(step_s)
+    usable = SAFETY * seconds - RUN_OVERHEAD_S * len(step_s)
     return _clamp(usable / per_round - evals * FORWARD_FRACTION, scale.min_steps,
                   scale.max_steps)
 
@@ -141,5 +144,5 @@ def plan_distill_steps(student_s: Mapping[str, float], teacher_s: float, seconds
          * FORWARD_FRACTION * max(s, teacher_s))
         for name, s in student_s.items()
     )
-    usable = seconds - RUN_OVERHEAD_S * len(student_s) - evals
+    usable = SAFETY * seconds - RUN_OVERHEAD_S * len(student_s) - evals
     return _clamp(usable / per_round, scale.min_distill_steps, scale.max_distill_steps)
