@@ -71,7 +71,7 @@ def _check_runs(q: Tensor, k: Tensor, head: Tensor, lo: Tensor, count: Tensor, w
 def run_attention(
     q: Tensor, k: Tensor, v: Tensor, cell_head: Tensor, cell_lo: Tensor, cell_count: Tensor,
     cell_width: Tensor, *, scale: float, row_scale: Tensor | None = None,
-    rank_to_pos: Tensor | None = None, query_chunk: int | None = None,
+    rank_to_pos: Tensor | None = None, query_chunk: int | None = None, validate: bool = True,
 ) -> Tensor:
     """Exact softmax attention of each query row over its runs' keys, per head.
 
@@ -88,10 +88,15 @@ def run_attention(
         row_scale: ``[B, H, Tq]`` multiplier of the probabilities, or None.
         rank_to_pos: ``[B, Tk]`` key position of each rank, or None (rank = position).
         query_chunk: rows per chunk of the PyTorch path (see ``cell_attention``).
+        validate: check the runs (shapes, ranges: a few passes over them); a caller that built
+            them itself, like the SEA core, may skip this.
     Returns:
         ``[B, H, Tq, Dv]`` in q's dtype.
+    Raises:
+        ValueError: inconsistent shapes or runs outside the keys (when ``validate``).
     """
-    _check_runs(q, k, cell_head, cell_lo, cell_count, cell_width, rank_to_pos)
+    if validate:
+        _check_runs(q, k, cell_head, cell_lo, cell_count, cell_width, rank_to_pos)
     tensors = [q, k, v] + ([] if row_scale is None else [row_scale])
     if native.supports(*tensors):
         return native.run_attention_native(
