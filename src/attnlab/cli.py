@@ -55,6 +55,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
     overrides = [a if a.startswith(("distill.", "data.")) else f"distill.{a}" for a in args.set]
     if args.teacher:
         overrides.insert(0, f"distill.teacher={json.dumps(args.teacher)}")
+    if args.gguf_file:
+        overrides.insert(0, f"distill.gguf_file={json.dumps(args.gguf_file)}")
     if args.student_attention:
         overrides.insert(0, f"distill.student_attention={args.student_attention}")
     source = args.config or (out / "distill.yaml" if args.resume else None)
@@ -211,6 +213,25 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
     return print_records(records, args.json)
 
 
+def cmd_bench_hf(args: argparse.Namespace) -> int:
+    import yaml
+
+    try:
+        from attnlab.bench import hf
+    except ImportError as err:  # no transformers
+        raise SystemExit(f"error: {err}") from err
+    records = hf.run(
+        args.model, gguf_file=args.gguf_file,
+        cores=[yaml.safe_load(c) for c in args.core] or ["sea"], seq_lens=args.seq_lens,
+        batch=args.batch, new_tokens=args.new_tokens, reps=args.reps, json_path=args.json,
+        device=args.device,
+    )
+    print_records(records, args.json)
+    print()
+    print(hf.format_summary(records))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from attnlab.demo import run_demo
     from attnlab.report import compact_table
@@ -240,7 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("distill", help="distil a teacher into an efficient-attention student")
     p.add_argument("--teacher", default=None, metavar="SPEC",
-                   help="attnlab run folder (a model trained with attnlab train)")
+                   help="attnlab run folder (a model trained with attnlab train), Hugging Face "
+                        "model folder, or model name in the local Hugging Face cache")
+    p.add_argument("--gguf-file", default=None, metavar="NAME",
+                   help="load this GGUF file of the --teacher folder (dequantised)")
     p.add_argument("--student-attention", default=None, metavar="CORE",
                    help="student attention core: a name (sea, performer, reformer) or YAML "
                         "with options, e.g. '{name: sea, k: 16, predictor_length: 32}'")
@@ -337,6 +361,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
     p.set_defaults(func=cmd_bench_train)
+
+    p = bench_sub.add_parser("hf", help="a Hugging Face model vs its attnlab-converted copy: "
+                                        "forward latency and cached generation")
+    p.add_argument("--model", default=None, metavar="FOLDER",
+                   help="Hugging Face model folder (default: a small random Llama)")
+    p.add_argument("--gguf-file", default=None, metavar="NAME",
+                   help="a GGUF file in --model to load, e.g. SmolLM2-135M-Instruct.Q4_1.gguf")
+    p.add_argument("--core", action="append", default=[], metavar="CORE",
+                   help="converted core: a name or YAML with options, e.g. '{name: sea, k: 64, "
+                        "predictor_length: 64}' (repeatable; default: sea)")
+    p.add_argument("--seq-lens", type=_csv(int), default=[256, 512, 1024, 2048],
+                   metavar="T1,T2,...")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per prompt")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions per candidate (>= 5)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
+    p.set_defaults(func=cmd_bench_hf)
 
     p = sub.add_parser("report", help="the report of runs and benchmarks: Markdown, PNG, JSON")
     p.add_argument("paths", nargs="*", metavar="PATH",

@@ -9,7 +9,7 @@ import torch
 
 from attnlab.config import ConfigError, PartSpec
 from attnlab.distill import StudentMismatch, distill, load_distill_config
-from attnlab.distill.record import LayerRecorder, attention_targets
+from attnlab.distill.record import LayerRecorder, attention_targets, model_cores
 from attnlab.distill.student import extend_context, init_student, student_config
 from attnlab.train import load_run_config, train
 from attnlab.train.run import load_run
@@ -74,14 +74,14 @@ def test_teacher_targets_reach_the_sea_cores_and_train_the_projections(teacher):
     run = load_run(teacher)
     student, _ = init_student(run.model, student_config(run.cfg, PartSpec.parse(SEA, "x")))
     student.train()
-    recorder = LayerRecorder(run.model, probs=True)
+    recorder = LayerRecorder.of_model(run.model, probs=True)
     x = torch.randint(0, 256, (2, 16))
-    with torch.no_grad():
+    with torch.no_grad(), recorder.recording() as recorded:
         run.model(x)
     recorder.close()
-    assert [p.shape for p in recorder.probs] == [(2, 2, 16, 16)] * 2
-    torch.testing.assert_close(recorder.probs[0].sum(-1), torch.ones(2, 2, 16))
-    with attention_targets(student, recorder.probs):
+    assert [p.shape for p in recorded.probs] == [(2, 2, 16, 16)] * 2
+    torch.testing.assert_close(recorded.probs[0].sum(-1), torch.ones(2, 2, 16))
+    with attention_targets(model_cores(student), recorded.probs):
         out = student(x)
     assert all(b.attn.core.teacher_probs is None for b in student.blocks)  # cleared after
     out.aux["sea_attention"].backward()

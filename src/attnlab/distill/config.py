@@ -21,14 +21,18 @@ from attnlab.data.config import DataConfig
 
 @dataclasses.dataclass
 class DistillConfig:
-    """``teacher``: an attnlab run folder or a Hugging Face model folder or name.
+    """``teacher``: an attnlab run folder, or a Hugging Face model folder (``gguf_file``: a
+    GGUF file in it to load, dequantised) or name in the local Hugging Face cache.
     ``student_attention``: the student's attention core (a registry name, or a mapping with
     its options, e.g. ``{name: sea, k: 16}``). ``seq_len``: None = the teacher's training
-    length. ``dynamic_k`` / ``query_skip``: the SEA inference settings evaluated after
-    training (None = k/2, k, 2k). ``long_context``: also evaluate teacher and student at this
-    multiple of ``seq_len`` after position interpolation (1 = skip)."""
+    length (attnlab) or its positions up to 1024 (Hugging Face). ``dynamic_k`` /
+    ``query_skip``: the SEA inference settings evaluated after training (None = k/2, k, 2k).
+    ``long_context``: also evaluate teacher and student at this multiple of ``seq_len``
+    (attnlab: after position interpolation; Hugging Face: within the model's own positions,
+    else recorded as skipped; 1 = skip)."""
 
     teacher: str = ""
+    gguf_file: str | None = None
     student_attention: PartSpec = PartSpec("sea")
     steps: int = 300
     batch_size: int = 8
