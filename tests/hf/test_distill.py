@@ -145,7 +145,11 @@ def test_encoder_windows_are_framed_and_pooled_over_real_tokens(bert, cfg, token
 
 
 def test_teacher_tokenizer_tokenises_the_corpus(tokenizer):
-    wrapped = HFTokenizer(tokenizer)
+    padded = copy.deepcopy(tokenizer)  # like all-MiniLM-L6-v2's tokenizer.json
+    padded.backend_tokenizer.enable_padding(length=32)
+    padded.backend_tokenizer.enable_truncation(max_length=32)
+    wrapped = HFTokenizer(padded)
+    assert len(wrapped.encode("the fox " * 20)) > 32  # whole texts: no padding, no truncation
     ids = wrapped.encode_batch(["the fox", " jumps"])
     assert ids.tolist() == wrapped.encode("the fox") + wrapped.encode(" jumps")
     assert wrapped.decode(ids) == "the fox jumps" and wrapped.vocab_size == len(tokenizer)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tokenizers
 import torch
 import torch.nn.functional as F
 import transformers
@@ -65,7 +66,8 @@ STUDENT_DIR = "student"
 class HFTokenizer(Tokenizer):
     """A transformers (fast) tokenizer behind attnlab's :class:`~attnlab.data.Tokenizer`
     interface, so that :func:`~attnlab.data.load_corpus` tokenises and caches the built-in
-    corpora with it. Texts are encoded without special tokens."""
+    corpora with it. Texts are encoded whole: no special tokens, and without the padding or
+    truncation a ``tokenizer.json`` may carry (all-MiniLM-L6-v2's pads and cuts at 128)."""
 
     unit = "ppl"
 
@@ -74,8 +76,11 @@ class HFTokenizer(Tokenizer):
         if backend is None:
             raise ConfigError(f"the teacher's tokenizer ({type(tokenizer).__name__}) is not a "
                               "fast (tokenizers-backed) tokenizer")
-        self.hf, self._backend = tokenizer, backend
-        self._json = backend.to_str()
+        self.hf = tokenizer
+        self._backend = tokenizers.Tokenizer.from_str(backend.to_str())
+        self._backend.no_padding()
+        self._backend.no_truncation()
+        self._json = self._backend.to_str()
         self._identity = "hf-" + hashlib.sha256(self._json.encode("utf-8")).hexdigest()
 
     @property
