@@ -67,8 +67,9 @@ class Scale:
     ``[min_steps, max_steps]`` (``[min_distill_steps, max_distill_steps]``); each training run
     evaluates ``evals`` times on ``eval_tokens`` plus once on ``final_eval_tokens``;
     ``distill`` are overrides of the distillation config (``distill.KEY=VALUE``);
-    ``seq_lens`` (``gpu_seq_lens`` on CUDA) are the benchmark's lengths, ``reps`` the timed
-    repetitions of every side-by-side measurement; ``train_share`` is the part of the time
+    ``seq_lens`` (``gpu_seq_lens`` on CUDA) are the benchmark's lengths, skipping on CPU a
+    layer whose peak would pass ``cpu_max_mem_gb`` GiB (the machine is shared); ``reps`` the
+    timed repetitions of every side-by-side measurement; ``train_share`` is the part of the time
     left after the probe and the reserves that training gets; the benchmark gets at most
     ``bench_share`` of the budget; ``report_reserve_s`` is kept for the report.
     """
@@ -77,7 +78,7 @@ class Scale:
     overrides: tuple[str, ...] = ()
     min_steps: int = 50
     max_steps: int = 4000
-    evals: int = 5
+    evals: int = 4
     eval_tokens: int = 16384
     final_eval_tokens: int = 65536
     distill: tuple[str, ...] = ()
@@ -85,6 +86,7 @@ class Scale:
     max_distill_steps: int = 2000
     seq_lens: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
     gpu_seq_lens: tuple[int, ...] = (256, 1024, 4096, 8192, 16384, 32768)
+    cpu_max_mem_gb: float = 4.0
     reps: int = 5
     train_share: float = 0.62
     bench_share: float = 0.12

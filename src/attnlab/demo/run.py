@@ -44,7 +44,7 @@ from attnlab.demo.plan import (
 )
 from attnlab.distill import DistillRunConfig, distill, load_distill_config
 from attnlab.report import build_report, collect
-from attnlab.train import load_run_config, train
+from attnlab.train import RunDirError, load_run_config, train
 from attnlab.train.config import RunConfig
 from attnlab.utils.io import atomic_write_json
 
@@ -109,7 +109,11 @@ class Demo:
         """The training steps (planned once, kept in ``plan.json``)."""
         path = self.out / "plan.json"
         if path.is_file():
-            return json.loads(path.read_text())
+            plan = json.loads(path.read_text())
+            if plan["scale"] != self.scale.name:
+                raise RunDirError(f"{self.out} holds a {plan['scale']} demo; finish it with "
+                                  f"that mode or give another --out")
+            return plan
         tokens = self._tokens_per_step(self.config(TRAINED[BASELINE]))
         reserve = self.scale.bench_share * self.budget_s + self.scale.report_reserve_s
         seconds = self.scale.train_share * max(0.0, self.remaining() - reserve)
@@ -189,10 +193,10 @@ class Demo:
                   for name, (src, overrides) in LAYERS.items()}
         seconds = min(self.scale.bench_share * self.budget_s,
                       self.remaining() - self.scale.report_reserve_s)
-        lengths = self.scale.gpu_seq_lens if self.device.startswith("cuda") \
-            else self.scale.seq_lens
-        run_layers(models, lengths, reps=self.scale.reps, time_budget_s=max(seconds, 1.0),
-                   json_path=path, device=self.device)
+        cuda = self.device.startswith("cuda")
+        run_layers(models, self.scale.gpu_seq_lens if cuda else self.scale.seq_lens,
+                   reps=self.scale.reps, max_mem_gb=None if cuda else self.scale.cpu_max_mem_gb,
+                   time_budget_s=max(seconds, 1.0), json_path=path, device=self.device)
 
     def report(self) -> dict[str, Any]:
         """``demo.json``, then the report of every stage's results."""

@@ -536,8 +536,7 @@ def build_report(
     if inputs.other:
         md += ["## Other benchmarks", "", format_table(inputs.other), ""]
     md += ["## Machine", "", machine_table(machine), "",
-           "Sources: " + ", ".join(f"`{os.path.relpath(s, out)}`" for s in inputs.sources),
-           ""]
+           "Sources: " + ", ".join(f"`{s}`" for s in inputs.sources), ""]
     atomic_write_text(out / "report.md", "\n".join(md))
     atomic_write_json(out / REPORT_JSON, _finite(results))
     return results
