@@ -76,7 +76,7 @@ class Scale:
 
     name: str
     overrides: tuple[str, ...] = ()
-    min_steps: int = 50
+    min_steps: int = 30
     max_steps: int = 4000
     evals: int = 4
     eval_tokens: int = 16384

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -71,6 +72,7 @@ class Demo:
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" \
             else device
         self.start = time.perf_counter()
+        self.load_start = os.getloadavg()[0]
         self.stages_s: dict[str, float] = {}
 
     def remaining(self) -> float:
@@ -202,7 +204,8 @@ class Demo:
         """``demo.json``, then the report of every stage's results."""
         demo = {"mode": self.scale.name, "budget_s": self.budget_s,
                 "wall_s": time.perf_counter() - self.start, "stages_s": self.stages_s,
-                "device": self.device, "notes": NOTES}
+                "device": self.device, "cpus": os.cpu_count(),
+                "load_avg": [self.load_start, os.getloadavg()[0]], "notes": NOTES}
         atomic_write_json(self.out / "demo.json", {"demo": demo})
         inputs = collect([self.out / "probe.json", *[self.out / "runs" / n for n in TRAINED],
                           *[self.out / "runs" / n for n in STUDENTS],

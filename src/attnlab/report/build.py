@@ -479,6 +479,11 @@ def build_report(
         md += [f"`attnlab demo` ({d.get('mode')}): budget {d.get('budget_s', 0) / 60:.1f} min, "
                f"this invocation took {d.get('wall_s', 0) / 60:.1f} min; stages (s): "
                + ", ".join(f"{k} {v:.0f}" for k, v in d.get("stages_s", {}).items()) + ".", ""]
+        if d.get("load_avg"):
+            md += [f"Load on the machine (1-minute load average, {d.get('cpus')} CPUs) at the "
+                   f"start and end: {d['load_avg'][0]:.1f} and {d['load_avg'][1]:.1f}. Other "
+                   "processes slow every candidate of a side-by-side measurement alike, but "
+                   "they cut the steps the budget allows.", ""]
         md += [d["notes"], ""] if d.get("notes") else []
 
     figures: dict[str, str] = results["figures"]
