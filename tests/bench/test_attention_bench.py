@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 
 import pytest
+import torch
 
 from attnlab.bench import attention
 from attnlab.bench.common import Record, fill_ratios, format_table, read_json, read_summary
@@ -216,3 +218,26 @@ def test_attention_layers_stop_at_the_time_budget():
     records = attention.run_layers({"sdpa": _layer_model()}, [8, 16, 32], reps=5,
                                    time_budget_s=0.0)
     assert [r.shape["seq_len"] for r in records] == [8]  # the first length always runs
+
+
+def test_the_time_budget_counts_only_what_the_memory_guard_keeps(monkeypatch):
+    """A slow mechanism skipped for memory at the next length does not stop that length."""
+    memory = {"fast": lambda t: t, "slow": lambda t: t * t}  # MiB at length t
+
+    def prepared(t):
+        def call(name):
+            def run():
+                if name == "slow":
+                    time.sleep(0.04)
+            run.mib = memory[name](t)
+            return run
+        return {name: call(name) for name in memory}
+
+    monkeypatch.setattr(attention, "peak_memory_mb", lambda fn, device: fn.mib)
+    records = attention.measure_lengths(
+        ["fast", "slow"], [16, 32, 64], prepared, bench="b", baseline="fast", pass_="fwd",
+        reps=5, mem_budget=600 * 2**20, inputs_bytes=lambda t: 0, shape=lambda t: {"t": t},
+        device=torch.device("cpu"), time_budget_s=0.8)  # slow at 16: ~0.25 s; x4 > 0.8
+    assert [(r.shape["t"], r.name, r.skipped is None) for r in records] == [
+        (16, "fast", True), (16, "slow", True), (32, "fast", True), (32, "slow", False),
+        (64, "fast", True), (64, "slow", False)]

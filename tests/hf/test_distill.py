@@ -130,6 +130,21 @@ def test_teacher_attention_reaches_every_student_core(llama, cfg):
     pair.close()
 
 
+def test_long_context_stretches_only_the_students_sea_position_tables(llama, cfg):
+    pair = open_hf_pair(cfg(llama), torch.device("cpu"))
+    assert pair.extended(pair.teacher, 2) is pair.teacher  # the model's own positions
+    longer = pair.extended(pair.student, 2)
+    assert longer is not pair.student
+    for core, long_core in zip(attnlab.hf.cores(pair.student), attnlab.hf.cores(longer),
+                               strict=True):
+        table = core.estimator.position_table  # rank r reads row r // 2
+        torch.testing.assert_close(long_core.estimator.position_table[0::2], table[:32])
+        torch.testing.assert_close(long_core.estimator.position_table[1::2], table[:32])
+    with pytest.raises(ConfigError, match="max_position_embeddings"):
+        pair.extended(pair.student, 1000)
+    pair.close()
+
+
 def test_encoder_windows_are_framed_and_pooled_over_real_tokens(bert, cfg, tokenizer):
     pair = open_hf_pair(cfg(bert), torch.device("cpu"))
     x, _ = pair.batch(3, 0, 0)

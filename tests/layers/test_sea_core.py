@@ -102,6 +102,16 @@ def test_a_mask_covering_all_keys_is_dense_attention(causal):
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_gate_init_starts_with_the_gates_open(causal):
+    q, k, v = qkv()
+    dense = softmax_attention(q, k, v, scale=0.3, causal=causal)
+    opened = make_core(causal, k=64, output="mix", gate_init=60.0)(q, k, v, scale=0.3).out
+    torch.testing.assert_close(opened, dense, rtol=1e-12, atol=1e-12)
+    halfway = make_core(causal, k=64, output="mix")(q, k, v, scale=0.3).out  # SEA's gates ~0.5
+    assert (halfway - dense).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_sparse_and_dense_attention_paths_agree(causal):
     q, k, v = (x.requires_grad_() for x in qkv(t=70))  # 2 row blocks
     results = []
@@ -240,3 +250,40 @@ def test_score_bias_and_bad_options_are_rejected():
 def test_bad_options_are_rejected(options, match):
     with pytest.raises((ValueError, ConfigError), match=match):
         AttentionConfig(n_heads=4, d_head=8, core={"name": "sea", **options}).validate()
+
+
+@pytest.mark.parametrize("with_teacher", [True, False], ids=["teacher", "self-target"])
+def test_training_losses_recomputed_in_backward_give_the_same_gradients(monkeypatch,
+                                                                         with_teacher):
+    """The [B, H, T, T] loss intermediates are recomputed in backward (checkpoint), not kept:
+    the losses and every gradient equal the plain computation's."""
+    q, k, v = qkv()
+    teacher = softmax_attention(q, k, q, scale=0.5, causal=True, return_weights=True)[1] \
+        if with_teacher else None
+
+    def run():
+        core = make_core(True).train()
+        core.teacher_probs = teacher
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        aux = core(*leaves, scale=0.3).aux
+        sum(aux.values()).backward()
+        return aux, [x.grad for x in leaves] + [p.grad for p in core.parameters()]
+
+    import attnlab.layers.sea as sea_module
+
+    calls = []
+    real = sea_module.checkpoint
+    monkeypatch.setattr(sea_module, "checkpoint",
+                        lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    aux, grads = run()
+    assert calls  # the losses did go through the checkpoint
+    monkeypatch.setattr(sea_module, "checkpoint", lambda fn, *args, **kwargs: fn(*args))
+    plain_aux, plain_grads = run()
+    assert aux.keys() == plain_aux.keys() and len(aux) == (2 if with_teacher else 1)
+    for name in aux:
+        torch.testing.assert_close(aux[name], plain_aux[name], rtol=1e-12, atol=0)
+    for g, plain in zip(grads, plain_grads, strict=True):
+        if plain is None:
+            assert g is None
+        else:
+            torch.testing.assert_close(g, plain, rtol=1e-10, atol=1e-12)

@@ -143,8 +143,9 @@ def _call(core: AttentionCore, qkv: Sequence[Tensor], pass_: str) -> Callable[[]
 def extrapolate_bytes(points: Sequence[tuple[int, float]], seq_len: int) -> float:
     """Peak bytes at ``seq_len`` from the last two ``(seq_len, bytes)`` points, as
     ``a * T + b * T^2`` through both with ``a, b >= 0`` (when the exact fit has a negative
-    term, the other term alone is fitted to the steeper of the two points)."""
-    (t1, m1), (t2, m2) = points[-2:]
+    term, the other term alone is fitted to the steeper of the two points). Of points at the
+    same length, the last counts."""
+    (t1, m1), (t2, m2) = list(dict(points).items())[-2:]
     det = t1 * t2 * (t2 - t1)
     a = (m1 * t2 * t2 - m2 * t1 * t1) / det
     b = (m2 * t1 - m1 * t2) / det
@@ -337,9 +338,9 @@ def measure_lengths(
     peak memory is measured. The memory guard (module docstring) skips, with a record saying
     why, a mechanism whose extrapolated peak plus ``inputs_bytes(T)`` exceeds ``mem_budget``
     bytes (all of them when ``baseline`` is skipped). With ``time_budget_s``,
-    lengths stop (unrecorded) once the next one, predicted at 4x the time of the last (twice
-    the length of a quadratic mechanism), would end past that many seconds. Records have no
-    ratios yet."""
+    lengths stop (unrecorded) once the next one would end past that many seconds, predicted
+    at 4x (twice the length of a quadratic mechanism) the last length's time of the
+    mechanisms the memory guard keeps. Records have no ratios yet."""
     start = time.perf_counter()
     history: dict[str, list[tuple[int, float]]] = {m: [] for m in mechs}
     for t in probe_lengths(lengths):
@@ -347,14 +348,8 @@ def measure_lengths(
             history[m].append((t, peak_memory_mb(call, device) * MIB))
 
     records: list[Record] = []
-    last_s = 0.0
+    last_s: dict[str, float] = {}  # seconds each mechanism took at the last length
     for seq_len in lengths:
-        elapsed = time.perf_counter() - start
-        if time_budget_s is not None and records and elapsed + 4 * last_s > time_budget_s:
-            logger.warning("stopping before seq_len %d: %.0f s of the %.0f s time budget spent",
-                           seq_len, elapsed, time_budget_s)
-            break
-        length_start = time.perf_counter()
         skipped: dict[str, str] = {}
         for m in mechs:
             need = extrapolate_bytes(history[m], seq_len) + inputs_bytes(seq_len)
@@ -365,8 +360,16 @@ def measure_lengths(
         if baseline in skipped:
             for m in mechs:
                 skipped.setdefault(m, f"baseline {baseline!r} skipped: {skipped[baseline]}")
+        elapsed = time.perf_counter() - start
+        predicted = 4 * sum(s for m, s in last_s.items() if m not in skipped)
+        if time_budget_s is not None and records and elapsed + predicted > time_budget_s:
+            logger.warning("stopping before seq_len %d: %.0f s of the %.0f s time budget spent, "
+                           "the next length needs ~%.0f s", seq_len, elapsed, time_budget_s,
+                           predicted)
+            break
         for m, reason in skipped.items():
             logger.warning("skipping %s at seq_len %d: %s", m, seq_len, reason)
+        length_start = time.perf_counter()
         calls = {m: c for m, c in prepared(seq_len).items() if m not in skipped}
         timings = time_side_by_side(calls, reps, device=device) if calls else {}
         for m in mechs:
@@ -382,7 +385,10 @@ def measure_lengths(
             logger.info("seq_len %d %s %s: %.2f ms (min %.2f), %.1f MiB",
                         seq_len, m, pass_, timing.median, timing.min, mem)
         del calls
-        last_s = time.perf_counter() - length_start
+        # the length's time (side-by-side timing and memory runs), shared by median time
+        total_ms = sum(timings[m].median for m in timings) or 1.0
+        length_s = time.perf_counter() - length_start
+        last_s = {m: length_s * timings[m].median / total_ms for m in timings}
     return records
 
 

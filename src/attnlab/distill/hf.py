@@ -286,8 +286,22 @@ class HFCausalPair(HFPair, CausalLMPair):
         return perplexity(total / count, self.corpus.unit, self.corpus.bytes_per_token("valid"))
 
     def extended(self, model: nn.Module, factor: int) -> nn.Module:
+        """``model`` itself (the model reads its own positions, no interpolation), except
+        that a student's SEA position tables, trained on the first ``seq_len`` ranks only,
+        are stretched by nearest neighbour in a copy (rank ``r`` reads row ``r // factor``),
+        as SEA's long-context runs do."""
         self.check_context(factor)
-        return model
+        tables = [name for name, _ in model.named_parameters()
+                  if name.endswith("position_table")]
+        if factor == 1 or not tables:
+            return model
+        longer = copy.deepcopy(model)
+        with torch.no_grad():
+            for name in tables:
+                table = longer.get_parameter(name)
+                rows = torch.arange(table.shape[0], device=table.device) // factor
+                table.copy_(table[rows].clone())
+        return longer
 
 
 class HFEncoderPair(HFPair):

@@ -24,6 +24,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
 from attnlab.layers.performer import PerformerCore, PerformerCoreState, PerformerOptions
@@ -79,6 +80,10 @@ class SEAOptions:
       for the next ``s - 1`` rows (switchable at inference).
     * ``output``: ``"mix"`` (sigmoid(s1) mix only), ``"norm"`` (then ``LayerNorm(o) + o``, SEA's
       BERT form) or ``"auto"`` (mix when causal, norm otherwise).
+    * ``gate_init``: initial bias of the two scaler logits ``s0, s1``. 0 (SEA's) starts both
+      gates near 0.5, halving the attention and mixing in the average context; a model
+      converted from a pretrained one starts closer to its teacher with the gates open,
+      e.g. 4 (sigmoid = 0.98), and short distillations then converge much faster.
     * ``estimator_loss``: weight (averaged over layers) of the self-distillation loss on the
       estimate in training mode; 0 turns it off (e.g. when a teacher provides the target).
     * ``attention_path``: how the exact attention on the selected keys runs: ``"sparse"``
@@ -97,6 +102,7 @@ class SEAOptions:
     redraw_every: int = 1000
     query_skip: int = 1
     output: str = "auto"
+    gate_init: float = 0.0
     estimator_loss: float = 1.0
     attention_path: str = "auto"
     query_chunk: int | None = None
@@ -255,6 +261,7 @@ class SEAEstimator(nn.Module):
             self.position_table = nn.Parameter(torch.randn(ctx.max_seq_len, d))
         self.encoder = nn.Sequential(nn.Linear(3 * d, 2 * d), nn.LayerNorm(2 * d), nn.GELU())
         self.scalers = nn.Linear(2 * d, 2)
+        nn.init.constant_(self.scalers.bias, options.gate_init)
         split = 2 if ctx.causal else 4
         self.split, self.image_width = split, n_bins * split // 8
         self.decoder = nn.Linear(2 * d, split * self.image_width)
@@ -472,12 +479,16 @@ class SEACore(AttentionCore):
             aux = self._distill_losses(q, k, scale, key_padding_mask, rank_to_pos, logits,
                                        lengths)
         elif self.training and self.loss_weight:
-            with torch.no_grad():
-                dense = self._dense_logits(q, k, scale, key_padding_mask)
-                probs = torch.softmax(dense, -1,
-                                      dtype=torch.promote_types(dense.dtype, torch.float32))
-            target = self._by_rank(probs.nan_to_num(0.0), rank_to_pos)
-            aux["sea_estimate"] = self.loss_weight * estimate_loss(logits, lengths, target)
+
+            def self_target_loss(q: Tensor, k: Tensor, logits: Tensor) -> Tensor:
+                with torch.no_grad():
+                    dense = self._dense_logits(q, k, scale, key_padding_mask)
+                    probs = torch.softmax(dense, -1,
+                                          dtype=torch.promote_types(dense.dtype, torch.float32))
+                target = self._by_rank(probs.nan_to_num(0.0), rank_to_pos)
+                return estimate_loss(logits, lengths, target)
+
+            aux["sea_estimate"] = self.loss_weight * _recomputed(self_target_loss, q, k, logits)
         return CoreOutput(out.to(q.dtype), aux, new_state)
 
     def _distill_losses(self, q, k, scale, key_mask, rank_to_pos, logits, lengths) -> dict:
@@ -490,14 +501,16 @@ class SEACore(AttentionCore):
         if tuple(teacher.shape) != expected:
             raise ValueError(f"teacher_probs must be [B, H, Tq, Tk] = {list(expected)}, got "
                              f"{list(teacher.shape)}")
-        dense = self._dense_logits(q, k, scale, key_mask)
-        dense = dense.masked_fill(~torch.isfinite(dense).any(-1, keepdim=True), 0.0)
+
+        def losses(q: Tensor, k: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
+            dense = self._dense_logits(q, k, scale, key_mask)
+            dense = dense.masked_fill(~torch.isfinite(dense).any(-1, keepdim=True), 0.0)
+            return (estimate_loss(logits, lengths, self._by_rank(teacher, rank_to_pos)),
+                    attention_distill_loss(dense, teacher))
+
+        estimate, attention = _recomputed(losses, q, k, logits)
         weight = 1.0 / self.n_layers
-        return {
-            "sea_estimate": weight * estimate_loss(logits, lengths,
-                                                   self._by_rank(teacher, rank_to_pos)),
-            "sea_attention": weight * attention_distill_loss(dense, teacher),
-        }
+        return {"sea_estimate": weight * estimate, "sea_attention": weight * attention}
 
     def _attention_blocks(self, t_q: int, t_k: int) -> list[slice]:
         """Row blocks for :meth:`_attend` (see :data:`ROW_BLOCK`)."""
@@ -573,6 +586,15 @@ class SEACore(AttentionCore):
         if rank_to_pos is None:
             return probs
         return probs.gather(-1, rank_to_pos[:, None, None, :].expand_as(probs))
+
+
+def _recomputed(fn, *tensors: Tensor):
+    """``fn(*tensors)``; in a backward pass its ``[B, H, Tq, Tk]`` intermediates (the
+    training losses' dense attention maps, several per layer) are recomputed instead of being
+    kept from the forward, so training memory does not grow with ``T^2`` per layer."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return checkpoint(fn, *tensors, use_reentrant=False)
+    return fn(*tensors)
 
 
 @CORES.register("sea", SEAOptions)

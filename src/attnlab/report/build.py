@@ -277,7 +277,8 @@ def plot_macs(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str],
               title: str = "") -> Path:
     """MACs against measured time, log-log: attention layers (one line per mechanism across
     lengths) and whole training steps (one point per model), each panel with the line
-    ``time = MACs / rate`` of its baseline's best rate for reference. Writes a PNG."""
+    ``time = MACs / rate`` of its baseline's best rate for reference; an axis whose values
+    span less than a decade is linear. Writes a PNG."""
     panels = [("attention layer forward", [r for r in rows if r["what"] != "train-step"]),
               ("training step (forward MACs; time fwd+bwd+update)",
                [r for r in rows if r["what"] == "train-step"])]
@@ -296,8 +297,10 @@ def plot_macs(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str],
         xs = sorted({r["macs"] for r in rs})
         ax.plot([xs[0], xs[-1]], [xs[0] / rate, xs[-1] / rate], color="grey", linestyle=":",
                 label=f"time proportional to MACs ({next(iter(series))}'s best rate)")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        # log axes only where the points span a decade (else their tick labels collide)
+        ys = [r["ms"] for r in rs] + [xs[0] / rate, xs[-1] / rate]
+        ax.set_xscale("log" if xs[-1] >= 10 * xs[0] else "linear")
+        ax.set_yscale("log" if max(ys) >= 10 * min(ys) else "linear")
         ax.set_xlabel("forward MACs (multiply-accumulates)")
         ax.set_ylabel("measured time, median (ms)")
         ax.set_title(name, fontsize=10)
@@ -427,13 +430,16 @@ HOW_TO_READ = {
         "Left: held-out quality against training tokens (same data, same order for every "
         "model: equal tokens = equal work on the data). Right: the same points against "
         "training wall-clock time; lower and further left is better. A curve that is lower at "
-        "the same time is the better model per second of training on this machine."),
+        "the same time is the better model per second of training on this machine. Each "
+        "curve's last point is the final evaluation, on more held-out tokens than the others "
+        "(hence the small drop at the same step)."),
     "scaling": (
         "Time (left) and peak memory (right) of one forward call against sequence length, "
         "log-log: a slope of 1 is linear, 2 quadratic. Lines that cross show the length from "
         "which one mechanism overtakes another."),
     "macs": (
-        "Forward MACs against measured time, log-log. Points on the dotted line run at the "
+        "Forward MACs against measured time (log axes where the values span a decade). Points "
+        "on the dotted line run at the "
         "baseline's rate; points above it lose more time than their MAC count suggests "
         "(memory traffic, gathers, small matmuls), points below gain more."),
     "sea": (
@@ -541,7 +547,8 @@ def build_report(
     if inputs.other:
         md += ["## Other benchmarks", "", format_table(inputs.other), ""]
     md += ["## Machine", "", machine_table(machine), "",
-           "Sources: " + ", ".join(f"`{s}`" for s in inputs.sources), ""]
+           "Sources (relative to this report): "
+           + ", ".join(f"`{os.path.relpath(s, out)}`" for s in inputs.sources), ""]
     atomic_write_text(out / "report.md", "\n".join(md))
     atomic_write_json(out / REPORT_JSON, _finite(results))
     return results
