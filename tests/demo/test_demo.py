@@ -9,6 +9,7 @@ import pytest
 
 from attnlab.cli import main
 from attnlab.demo.plan import (
+    DISTILL_STEP_FACTOR,
     FULL,
     SAFETY,
     SMOKE,
@@ -35,7 +36,7 @@ def test_training_steps_fill_the_budget_equally():
 def test_distillation_steps_pay_for_the_teacher_and_the_evaluations():
     plain = plan_distill_steps({"s": 1.0}, 1.0, 600.0, FULL, 2048, 8192, 32768, {})
     with_grid = plan_distill_steps({"s": 1.0}, 1.0, 600.0, FULL, 2048, 8192, 32768, {"s": 9})
-    assert plain == int((SAFETY * 600.0 - 3.0 - 2 * 16 / 3) / 1.5)
+    assert plain == int((SAFETY * 600.0 - 3.0 - 2 * 16 / 3) / (DISTILL_STEP_FACTOR + 0.5))
     assert with_grid < plain
 
 

@@ -55,6 +55,11 @@ model, checkpoints), assumed by the planner."""
 FORWARD_FRACTION = 1 / 3
 """An evaluation forward costs about this fraction of a training step on as many tokens."""
 
+DISTILL_STEP_FACTOR = 1.8
+"""A student's distillation step costs about this multiple of its plain training step (the
+probed one): the teacher-target attention losses send gradients into q and k and are
+recomputed in backward (measured 1.8x for SEA, 1.2x for Performer on 2 CPU cores)."""
+
 SAFETY = 0.92
 """The planners fill this fraction of the seconds they are given (step times drift)."""
 
@@ -136,11 +141,12 @@ def plan_train_steps(step_s: Mapping[str, float], seconds: float, scale: Scale,
 def plan_distill_steps(student_s: Mapping[str, float], teacher_s: float, seconds: float,
                        scale: Scale, tokens_per_step: int, eval_tokens: int,
                        final_eval_tokens: int, grid: Mapping[str, int]) -> int:
-    """Distillation steps, equal for every student, fitting in ``seconds``: a step costs the
-    student's training step plus a teacher forward with its attention maps (half a teacher
-    step); then teacher and student evaluate on ``final_eval_tokens`` and a student with
-    ``grid[name]`` inference settings evaluates each on ``eval_tokens``."""
-    per_round = sum(s + teacher_s / 2 for s in student_s.values())
+    """Distillation steps, equal for every student, fitting in ``seconds``: a step costs
+    :data:`DISTILL_STEP_FACTOR` x the student's training step plus a teacher forward with its
+    attention maps (half a teacher step); then teacher and student evaluate on
+    ``final_eval_tokens`` and a student with ``grid[name]`` inference settings evaluates each
+    on ``eval_tokens``."""
+    per_round = sum(DISTILL_STEP_FACTOR * s + teacher_s / 2 for s in student_s.values())
     evals = sum(
         ((2 * final_eval_tokens + grid.get(name, 0) * eval_tokens) / tokens_per_step
          * FORWARD_FRACTION * max(s, teacher_s))

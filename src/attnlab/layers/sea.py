@@ -81,9 +81,9 @@ class SEAOptions:
     * ``output``: ``"mix"`` (sigmoid(s1) mix only), ``"norm"`` (then ``LayerNorm(o) + o``, SEA's
       BERT form) or ``"auto"`` (mix when causal, norm otherwise).
     * ``gate_init``: initial bias of the two scaler logits ``s0, s1``. 0 (SEA's) starts both
-      gates near 0.5, halving the attention and mixing in the average context; a model
-      converted from a pretrained one starts closer to its teacher with the gates open,
-      e.g. 4 (sigmoid = 0.98), and short distillations then converge much faster.
+      gates near 0.5, halving the attention and mixing in the average context; e.g. 4
+      (sigmoid = 0.98) starts a model converted from a pretrained one at its teacher's
+      attention restricted to the selected keys.
     * ``estimator_loss``: weight (averaged over layers) of the self-distillation loss on the
       estimate in training mode; 0 turns it off (e.g. when a teacher provides the target).
     * ``attention_path``: how the exact attention on the selected keys runs: ``"sparse"``
