@@ -52,6 +52,7 @@ from attnlab.data.sources import Chunk
 from attnlab.distill.config import DistillRunConfig
 from attnlab.distill.pair import CausalLMPair, DistillPair, Forward, perplexity
 from attnlab.distill.record import LayerRecorder, attention_targets
+from attnlab.distill.student import stretched_rows
 from attnlab.hf.attention import CORE_ATTR
 from attnlab.hf.convert import CONFIG_KEY
 from attnlab.layers.base import merge_aux
@@ -299,8 +300,7 @@ class HFCausalPair(HFPair, CausalLMPair):
         with torch.no_grad():
             for name in tables:
                 table = longer.get_parameter(name)
-                rows = torch.arange(table.shape[0], device=table.device) // factor
-                table.copy_(table[rows].clone())
+                table.copy_(stretched_rows(table, factor, table.shape[0]))
         return longer
 
 

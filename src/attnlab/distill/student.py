@@ -11,6 +11,7 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from attnlab.config import ConfigError, PartSpec, from_dict, to_dict
 from attnlab.models import DecoderLM
@@ -69,6 +70,12 @@ def param_groups(model: torch.nn.Module, new: list[str], weight_decay: float,
     ]
 
 
+def stretched_rows(table: Tensor, factor: int, rows: int) -> Tensor:
+    """``rows`` rows of ``table`` stretched ``factor`` times by nearest neighbour: row ``r``
+    is ``table[r // factor]`` (SEA's position tables at a longer context)."""
+    return table[torch.arange(rows, device=table.device) // factor]
+
+
 def extend_context(model: DecoderLM, factor: int) -> DecoderLM:
     """A copy of ``model`` that reads ``factor`` times as many positions by interpolation:
     RoPE angles divided by ``factor``, learned absolute tables resized linearly, SEA's causal
@@ -86,7 +93,7 @@ def extend_context(model: DecoderLM, factor: int) -> DecoderLM:
     state = model.state_dict()
     for key, value in state.items():
         if key.endswith("position_table"):
-            state[key] = value.repeat_interleave(factor, dim=0)
+            state[key] = stretched_rows(value, factor, factor * value.shape[0])
         elif key == "pos_embed.weight":
             state[key] = F.interpolate(value.T[None], scale_factor=factor, mode="linear",
                                        align_corners=False)[0].T

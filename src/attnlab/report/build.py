@@ -273,6 +273,12 @@ def macs_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- figures
 
 
+def _axis_scale(values: Sequence[float]) -> str:
+    """Log where the values span a decade; linear otherwise (a log axis over less than a
+    decade labels its minor ticks, which collide)."""
+    return "log" if max(values) >= 10 * min(values) else "linear"
+
+
 def plot_macs(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str],
               title: str = "") -> Path:
     """MACs against measured time, log-log: attention layers (one line per mechanism across
@@ -297,10 +303,8 @@ def plot_macs(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str],
         xs = sorted({r["macs"] for r in rs})
         ax.plot([xs[0], xs[-1]], [xs[0] / rate, xs[-1] / rate], color="grey", linestyle=":",
                 label=f"time proportional to MACs ({next(iter(series))}'s best rate)")
-        # log axes only where the points span a decade (else their tick labels collide)
-        ys = [r["ms"] for r in rs] + [xs[0] / rate, xs[-1] / rate]
-        ax.set_xscale("log" if xs[-1] >= 10 * xs[0] else "linear")
-        ax.set_yscale("log" if max(ys) >= 10 * min(ys) else "linear")
+        ax.set_xscale(_axis_scale(xs))
+        ax.set_yscale(_axis_scale([r["ms"] for r in rs] + [xs[0] / rate, xs[-1] / rate]))
         ax.set_xlabel("forward MACs (multiply-accumulates)")
         ax.set_ylabel("measured time, median (ms)")
         ax.set_title(name, fontsize=10)
@@ -439,9 +443,9 @@ HOW_TO_READ = {
         "which one mechanism overtakes another."),
     "macs": (
         "Forward MACs against measured time (log axes where the values span a decade). Points "
-        "on the dotted line run at the "
-        "baseline's rate; points above it lose more time than their MAC count suggests "
-        "(memory traffic, gathers, small matmuls), points below gain more."),
+        "on the dotted line run at the baseline's rate; points above it lose more time than "
+        "their MAC count suggests (memory traffic, gathers, small matmuls), points below "
+        "gain more."),
     "sea": (
         "SEA's perplexity when its key budget k (trained at the middle value) or its query "
         "skip is changed at inference, without retraining; the dashed line is the dense "
