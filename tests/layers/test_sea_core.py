@@ -58,7 +58,7 @@ def test_cached_decoding_equals_full_pass(query_skip, n_kv_heads):
     torch.testing.assert_close(steps, full, rtol=0, atol=1e-10)
     state = cache.core_state
     assert isinstance(state, SEAState) and state.n_tokens == 30
-    assert state.image_rows.shape[-2] == 8
+    assert state.estimator.image_rows.shape[-2] == 8
 
 
 def test_stale_state_is_not_used():
@@ -179,13 +179,14 @@ def test_right_padded_batch_equals_the_unpadded_rows(causal):
 def test_query_skip_reuses_the_estimate_of_the_earliest_row():
     core = make_core(query_skip=4)
     q, k, v = qkv(b=1, t=10)  # 10 is not a multiple of 4: rows 8, 9 reuse row 8
-    logits, scalers, _ = core.estimator(q, k, v, scale=0.3, key_mask=None, query_skip=4,
-                                        state=None)
+    keys = dict(key_mask=None, key_ranks=torch.arange(10)[None], n_real=torch.tensor([10]),
+                state=None)
+    logits, scalers, _ = core.estimator(q, k, v, scale=0.3, query_skip=4, **keys)
     for group in ([0, 1, 2, 3], [4, 5, 6, 7], [8, 9]):
         for row in group[1:]:
             assert torch.equal(logits[..., row, :], logits[..., group[0], :])
             assert torch.equal(scalers[..., row, :], scalers[..., group[0], :])
-    full, _, _ = core.estimator(q, k, v, scale=0.3, key_mask=None, query_skip=1, state=None)
+    full, _, _ = core.estimator(q, k, v, scale=0.3, query_skip=1, **keys)
     assert not torch.equal(full[..., 1, :], full[..., 0, :])
 
 
@@ -269,7 +270,7 @@ def test_training_losses_recomputed_in_backward_give_the_same_gradients(monkeypa
         sum(aux.values()).backward()
         return aux, [x.grad for x in leaves] + [p.grad for p in core.parameters()]
 
-    import attnlab.layers.sea as sea_module
+    import attnlab.layers.sea.core as sea_module
 
     calls = []
     real = sea_module.checkpoint

@@ -146,12 +146,20 @@ def test_causal_mean_and_weighted_mean_match_loops():
     v = torch.randn(2, 3, 7, 4, generator=gen, dtype=F64)
     mask = torch.rand(2, 7, generator=gen) > 0.3
     mask[:, 0] = True
-    got = causal_mean(v, mask, t_q=5)
+    got, (total, count) = causal_mean(v, mask, t_q=5)
     for b in range(2):
         for i, pos in enumerate(range(2, 7)):
             real = [j for j in range(pos + 1) if mask[b, j]]
             torch.testing.assert_close(got[b, :, i], v[b, :, real].mean(1))
-    torch.testing.assert_close(causal_mean(v, None, 7), v.cumsum(2) / torch.arange(1, 8)[:, None])
+        torch.testing.assert_close(total[b], v[b, :, mask[b]].sum(1))
+    torch.testing.assert_close(count, mask.sum(-1).to(F64))
+    torch.testing.assert_close(causal_mean(v, None, 7)[0],
+                               v.cumsum(2) / torch.arange(1, 8)[:, None])
+    # carried from a prefix (a decoding step): the same means as over all values at once
+    head, tail = causal_mean(v[:, :, :4], mask[:, :4], t_q=1)[1], (v[:, :, 4:], mask[:, 4:])
+    stepped, carry = causal_mean(*tail, t_q=3, prefix=head)
+    torch.testing.assert_close(stepped, got[:, :, 2:])
+    torch.testing.assert_close(carry[0], total)
 
     probs = torch.rand(2, 3, 6, 4, generator=gen, dtype=F64)
     lengths = torch.tensor([5, 3])

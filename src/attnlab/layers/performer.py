@@ -153,33 +153,54 @@ class PerformerCore(AttentionCore):
             )
         if self.training:
             self._count_training_call()
-        kw = dict(kernel=self.kernel, scale=scale, chunk_size=self.chunk_size)
-        with torch.autocast(q.device.type, enabled=False):  # the feature maps need >= fp32
-            if not self.causal:
+        if not self.causal:
+            with torch.autocast(q.device.type, enabled=False):  # feature maps need >= fp32
                 out = performer_attention(
                     q, k, v, self.projection, causal=False, key_padding_mask=key_padding_mask,
-                    **kw,
+                    kernel=self.kernel, scale=scale, chunk_size=self.chunk_size,
                 )
-                return CoreOutput(out)
-            t_q, t_k = q.shape[-2], k.shape[-2]
-            n_cached = t_k - t_q
-            if self._usable(state, n_cached):
-                sums = state.sums
-                k, v = k[..., n_cached:, :], v[..., n_cached:, :]
-                if key_padding_mask is not None:
-                    key_padding_mask = key_padding_mask[:, n_cached:]
-            else:  # recompute the cached positions; their (zero) queries' outputs are dropped
-                sums = None
-                if n_cached:
-                    q = torch.cat((q.new_zeros(*q.shape[:2], n_cached, q.shape[-1]), q), dim=-2)
+            return CoreOutput(out)
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        n_cached = t_k - t_q
+        if self._usable(state, n_cached):
+            k, v = k[..., n_cached:, :], v[..., n_cached:, :]
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask[:, n_cached:]
+        else:  # recompute the cached positions; their (zero) queries' outputs are dropped
+            state = None
+            if n_cached:
+                q = torch.cat((q.new_zeros(*q.shape[:2], n_cached, q.shape[-1]), q), dim=-2)
+        out = self.extend(q, k, v, scale=scale, key_padding_mask=key_padding_mask, state=state)
+        return CoreOutput(out.out[..., -t_q:, :], state=out.state)
+
+    def extend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        scale: float,
+        key_padding_mask: Tensor | None = None,
+        state: PerformerCoreState | None = None,
+    ) -> CoreOutput:
+        """Causal attention of new positions after ``state`` (None: after none).
+
+        q ``[B, H, T, D]``, k ``[B, Hk, T, D]``, v ``[B, Hk, T, Dv]``: the ``T`` positions after
+        the state's, queries and keys alike (``key_padding_mask`` ``[B, T]``); the state must
+        be usable (same projection). O(T): the cached keys are not touched. Returns
+        ``[B, H, T, Dv]`` and, in eval mode, the state after the new positions.
+        """
+        with torch.autocast(q.device.type, enabled=False):  # the feature maps need >= fp32
             out, sums = performer_attention(
                 q, k, v, self.projection, causal=True, key_padding_mask=key_padding_mask,
-                state=sums, return_state=True, **kw,
+                kernel=self.kernel, scale=scale, chunk_size=self.chunk_size,
+                state=None if state is None else state.sums, return_state=True,
             )
         new_state = None
         if not self.training:
-            new_state = PerformerCoreState(sums, t_k, self.projection_version)
-        return CoreOutput(out[..., -t_q:, :], state=new_state)
+            n_tokens = k.shape[-2] + (0 if state is None else state.n_tokens)
+            new_state = PerformerCoreState(sums, n_tokens, self.projection_version)
+        return CoreOutput(out, state=new_state)
 
 
 @CORES.register("performer", PerformerOptions)

@@ -8,21 +8,31 @@ from torch import Tensor
 from attnlab.ops.sea.mask import rank_bins
 
 
-def causal_mean(v: Tensor, key_mask: Tensor | None, t_q: int) -> Tensor:
+def causal_mean(
+    v: Tensor, key_mask: Tensor | None, t_q: int, prefix: tuple[Tensor, Tensor] | None = None
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """Mean of the real values at or before each of the last ``t_q`` positions.
 
-    v ``[B, Hk, Tk, Dv]``; key_mask ``[B, Tk]`` (True = real) or None -> ``[B, Hk, Tq, Dv]`` in
-    at least float32; a row with no real key gets 0.
+    v ``[B, Hk, Tv, Dv]``: every key's value, or with ``prefix`` only those after it;
+    key_mask ``[B, Tv]`` (True = real) or None; prefix: (sum ``[B, Hk, Dv]``, count ``[B]``)
+    of the real values before ``v`` (a decoding step's carry), or None.
+    Returns (means ``[B, Hk, Tq, Dv]`` in at least float32, a row with no real key gets 0;
+    (sum, count) over every real value so far, the next step's ``prefix``).
     """
     dt = torch.promote_types(v.dtype, torch.float32)
     v = v.to(dt)
+    b, t_v = v.shape[0], v.shape[-2]
     if key_mask is None:
-        count = torch.arange(1, v.shape[-2] + 1, device=v.device, dtype=dt)[:, None]
+        count = torch.arange(1, t_v + 1, device=v.device, dtype=dt).expand(b, t_v)
     else:
         v = v * key_mask[:, None, :, None]
-        count = key_mask.to(dt).cumsum(-1)[:, None, :, None]
+        count = key_mask.to(dt).cumsum(-1)
     sums = v.cumsum(-2)
-    return (sums / count.clamp_min(1))[..., -t_q:, :]
+    if prefix is not None:
+        sums = sums + prefix[0].to(dt).unsqueeze(-2)
+        count = count + prefix[1].to(dt).unsqueeze(-1)
+    means = sums[..., -t_q:, :] / count[:, None, -t_q:, None].clamp_min(1)
+    return means, (sums[..., -1, :], count[:, -1])
 
 
 def estimate_weighted_mean(

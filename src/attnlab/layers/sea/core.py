@@ -1,0 +1,266 @@
+"""The ``sea`` core: exact attention on the keys its estimator selects."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
+from attnlab.layers.registry import CORES
+from attnlab.layers.sea.decoding import SEAState, key_layout
+from attnlab.layers.sea.estimator import SEAEstimator
+from attnlab.layers.sea.options import DENSE_PATH_MAX_KEYS, ROW_BLOCK, SEAOptions
+from attnlab.ops.attention.masks import allowed_keys, expand_kv_heads
+from attnlab.ops.sea import (
+    attention_distill_loss,
+    bin_edges,
+    causal_mean,
+    cell_runs,
+    estimate_loss,
+    estimate_weighted_mean,
+    select_cell_list,
+)
+from attnlab.ops.sparse_attention import cell_mask, masked_attention, run_attention, run_keys
+
+logger = logging.getLogger(__name__)
+
+
+class SEACore(AttentionCore):
+    """SEA attention over the layer's q, k, v (causal or bidirectional; see module docstring).
+
+    Causal decoding: in eval mode the output carries a :class:`SEAState`; a later call with
+    it (and the cache's keys) estimates only the new rows, O(1) in the cache length for the
+    estimator and O(k) keys per row for the attention. A state that does not match the call
+    (training mode, a trimmed cache) is not used: the estimator then starts afresh on the
+    given queries (the CNN sees no earlier rows and the Performer recomputes from the keys).
+    """
+
+    def __init__(self, ctx: LayerContext, options: SEAOptions) -> None:
+        super().__init__()
+        self.causal = ctx.causal
+        self.k, self.query_skip = options.k, options.query_skip
+        self.topk_group, self.query_chunk = options.topk_group, options.query_chunk
+        self.attention_path = options.attention_path
+        self.loss_weight = options.estimator_loss / ctx.n_layers
+        self.n_layers = ctx.n_layers
+        # A teacher's attention [B, H, Tq, Tk] for this layer during distillation (set around
+        # one forward by attnlab.distill); in training mode it replaces the self-target.
+        self.teacher_probs: Tensor | None = None
+        output = options.output
+        if output == "auto":
+            output = "mix" if ctx.causal else "norm"
+        self.output_norm = nn.LayerNorm(ctx.d_head) if output == "norm" else None
+        self.estimator = SEAEstimator(ctx, options)
+        self.n_bins = options.predictor_length
+
+    def extra_repr(self) -> str:
+        return (f"k={self.k}, predictor_length={self.n_bins}, topk_group={self.topk_group}, "
+                f"query_skip={self.query_skip}, causal={self.causal}")
+
+    def set_inference(self, *, k: int | None = None, query_skip: int | None = None) -> None:
+        """Change the key budget (dynamic k) and/or the query skip; no retraining needed."""
+        if k is not None:
+            if k < 1:
+                raise ValueError(f"k must be >= 1, got {k}")
+            self.k = k
+        if query_skip is not None:
+            if query_skip < 1:
+                raise ValueError(f"query_skip must be >= 1, got {query_skip}")
+            self.query_skip = query_skip
+
+    def _usable(self, state: SEAState | None, n_cached: int) -> bool:
+        performer = self.estimator.performer
+        return (
+            self.causal and not self.training and isinstance(state, SEAState)
+            and state.n_tokens == n_cached and n_cached > 0
+            and state.estimator.performer.projection_version == performer.projection_version
+        )
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        scale: float,
+        key_padding_mask: Tensor | None = None,
+        score_bias: Tensor | None = None,
+        state: SEAState | None = None,
+    ) -> CoreOutput:
+        """q ``[B, H, Tq, D]``, k ``[B, Hk, Tk, D]``, v ``[B, Hk, Tk, D]`` -> ``[B, H, Tq, D]``.
+
+        Queries are the last ``Tq`` of the ``Tk`` key positions; ``key_padding_mask``
+        ``[B, Tk]`` bool, True = real key. ``score_bias`` is not supported.
+        """
+        if score_bias is not None:
+            raise ValueError(
+                "the sea core cannot add a score bias (e.g. positions 'xl'); use positions "
+                "'rope', 'learned' or 'none'"
+            )
+        b, h, t_q, d = q.shape
+        t_k = k.shape[-2]
+        if v.shape[-1] != d:
+            raise ValueError(f"the sea core needs value width == head width, got {v.shape[-1]} "
+                             f"and {d}")
+        usable = state if self._usable(state, t_k - t_q) else None
+        layout = key_layout(key_padding_mask, b, t_q, t_k, causal=self.causal, state=usable,
+                            device=q.device)
+        lengths, rank_to_pos = layout.lengths, layout.rank_to_pos
+        logits, scalers, estimator_state = self.estimator(
+            q, k, v, scale=scale, key_mask=key_padding_mask, key_ranks=layout.key_ranks,
+            n_real=layout.n_real, query_skip=self.query_skip,
+            state=None if usable is None else usable.estimator,
+        )
+        probs = self._estimate_probs(logits, lengths)
+        gates = torch.sigmoid(scalers.to(probs.dtype))
+        ranking = self._ranking(probs)
+        attended = torch.cat([
+            self._attend(q[..., rows, :], k, v, ranking[..., rows, :], lengths[:, rows],
+                         rank_to_pos, gates[..., rows, 0], scale)
+            for rows in self._attention_blocks(t_q, t_k)
+        ], dim=-2)
+        if self.causal:
+            first = t_k - t_q if usable is not None else 0
+            new_mask = None if key_padding_mask is None else key_padding_mask[:, first:]
+            avg, (value_sum, _) = causal_mean(
+                v[..., first:, :], new_mask, t_q,
+                prefix=None if usable is None else (usable.value_sum, usable.n_real),
+            )
+            avg = expand_kv_heads(avg, h)
+        else:
+            avg = self._estimated_mean(v, probs, lengths, key_padding_mask, rank_to_pos)
+        mix_gate = gates[..., 1:]
+        mixed = mix_gate * attended.to(mix_gate.dtype) + (1 - mix_gate) * avg
+        new_state = None
+        if estimator_state is not None:
+            new_state = SEAState(estimator_state, layout.n_real, value_sum, t_k)
+        out = mixed if self.output_norm is None else self.output_norm(mixed) + mixed
+        aux = {}
+        if self.training and self.teacher_probs is not None:
+            aux = self._distill_losses(q, k, scale, key_padding_mask, rank_to_pos, logits,
+                                       lengths)
+        elif self.training and self.loss_weight:
+
+            def self_target_loss(q: Tensor, k: Tensor, logits: Tensor) -> Tensor:
+                with torch.no_grad():
+                    dense = self._dense_logits(q, k, scale, key_padding_mask)
+                    probs = torch.softmax(dense, -1,
+                                          dtype=torch.promote_types(dense.dtype, torch.float32))
+                target = self._by_rank(probs.nan_to_num(0.0), rank_to_pos)
+                return estimate_loss(logits, lengths, target)
+
+            aux["sea_estimate"] = self.loss_weight * _recomputed(self_target_loss, q, k, logits)
+        return CoreOutput(out.to(q.dtype), aux, new_state)
+
+    def _distill_losses(self, q, k, scale, key_mask, rank_to_pos, logits, lengths) -> dict:
+        """SEA's per-layer distillation losses against ``teacher_probs`` (each divided by the
+        number of layers, so summing over layers averages): (a) ``sea_estimate``, the
+        upsampled estimate, and (b) ``sea_attention``, the student's own dense softmax of
+        q k^T (which trains the projections), each 0.1 KL + MSE."""
+        teacher = self.teacher_probs
+        expected = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        if tuple(teacher.shape) != expected:
+            raise ValueError(f"teacher_probs must be [B, H, Tq, Tk] = {list(expected)}, got "
+                             f"{list(teacher.shape)}")
+
+        def losses(q: Tensor, k: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
+            dense = self._dense_logits(q, k, scale, key_mask)
+            dense = dense.masked_fill(~torch.isfinite(dense).any(-1, keepdim=True), 0.0)
+            return (estimate_loss(logits, lengths, self._by_rank(teacher, rank_to_pos)),
+                    attention_distill_loss(dense, teacher))
+
+        estimate, attention = _recomputed(losses, q, k, logits)
+        weight = 1.0 / self.n_layers
+        return {"sea_estimate": weight * estimate, "sea_attention": weight * attention}
+
+    def _attention_blocks(self, t_q: int, t_k: int) -> list[slice]:
+        """Row blocks for :meth:`_attend` (see :data:`ROW_BLOCK`)."""
+        blocks, start = [], 0
+        while start < t_q:
+            visible = t_k - t_q + start + 1 if self.causal else t_k
+            end = min(t_q, start + max(ROW_BLOCK, visible // 4))
+            blocks.append(slice(start, end))
+            start = end
+        return blocks
+
+    def _attend(self, q, k, v, ranking, lengths, rank_to_pos, row_scale, scale) -> Tensor:
+        """Select, decompress and attend for one block of query rows ``q [B, H, R, D]``."""
+        head, bins, keep = select_cell_list(ranking, lengths, self.k, group=self.topk_group)
+        lo, width, count = cell_runs(bins, keep, lengths, self.n_bins, cap=self.k)
+        path = self.attention_path
+        if path == "auto":
+            path = "dense" if k.shape[-2] <= DENSE_PATH_MAX_KEYS else "sparse"
+        if path == "dense":
+            key_index, valid = run_keys(lo, width, count, rank_to_pos)
+            mask = cell_mask(head, key_index, valid, q.shape[1], k.shape[-2])
+            return masked_attention(q, k, v, mask, scale=scale, row_scale=row_scale)
+        return run_attention(q, k, v, head, lo, count, width, scale=scale, row_scale=row_scale,
+                             rank_to_pos=rank_to_pos, query_chunk=self.query_chunk,
+                             validate=False)  # runs from cell_runs: in range by construction
+
+    def _estimate_probs(self, logits: Tensor, lengths: Tensor) -> Tensor:
+        """Softmax over each row's non-empty bins (empty bins get -1, never selected), in at
+        least float32."""
+        edges = bin_edges(lengths, self.n_bins)
+        empty = (edges[..., 1:] == edges[..., :-1]).unsqueeze(1)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        probs = torch.softmax(logits.masked_fill(empty, float("-inf")), dim=-1)
+        return torch.nan_to_num(probs, nan=0.0).masked_fill(empty, -1.0)
+
+    def _ranking(self, probs: Tensor) -> Tensor:
+        """What the top-k ranks: the estimate with exact ties broken toward the lower bin.
+
+        The causal CNN upsamples x4 before a pointwise conv, so bins come in runs of 4 equal
+        logits; rounding noise (a cached step vs the full pass) would otherwise decide those
+        ties at random. The bias, ``1000 * eps`` per bin inside a run, is far above the noise
+        and far below real differences (at most 3.6e-4 in float32, 6.7e-13 in float64).
+        """
+        step = 1000 * torch.finfo(probs.dtype).eps
+        within = torch.arange(self.n_bins, device=probs.device) % 4
+        return torch.where(probs >= 0, probs - step * within, probs)
+
+    @staticmethod
+    def _estimated_mean(v, probs, lengths, key_mask, rank_to_pos) -> Tensor:
+        """The bidirectional average context: values weighted by the mean estimate."""
+        v_by_rank = expand_kv_heads(v, probs.shape[1])
+        if rank_to_pos is not None:
+            index = rank_to_pos[:, None, :, None].expand_as(v_by_rank)
+            v_by_rank = v_by_rank.gather(2, index)
+        query_mask = None if key_mask is None else key_mask[:, -probs.shape[2]:]
+        return estimate_weighted_mean(v_by_rank, probs.clamp_min(0), lengths[:, 0], query_mask)
+
+    def _dense_logits(self, q, k, scale, key_mask) -> Tensor:
+        """The layer's full scaled ``q k^T`` ``[B, H, Tq, Tk]``, -inf at keys a row may not
+        see (O(T^2): training targets only)."""
+        scores = (q @ expand_kv_heads(k, q.shape[1]).transpose(-1, -2)) * scale
+        allowed = allowed_keys(q.shape[-2], k.shape[-2], causal=self.causal,
+                               key_padding_mask=key_mask, device=q.device)
+        return scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
+
+    @staticmethod
+    def _by_rank(probs: Tensor, rank_to_pos: Tensor | None) -> Tensor:
+        """Attention ``[B, H, Tq, Tk]`` over key positions -> over key ranks."""
+        if rank_to_pos is None:
+            return probs
+        return probs.gather(-1, rank_to_pos[:, None, None, :].expand_as(probs))
+
+
+def _recomputed(fn, *tensors: Tensor):
+    """``fn(*tensors)``; in a backward pass its ``[B, H, Tq, Tk]`` intermediates (the
+    training losses' dense attention maps, several per layer) are recomputed instead of being
+    kept from the forward, so training memory does not grow with ``T^2`` per layer."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return checkpoint(fn, *tensors, use_reentrant=False)
+    return fn(*tensors)
+
+
+@CORES.register("sea", SEAOptions)
+def _sea(ctx: LayerContext, options: SEAOptions, dropout: float) -> SEACore:
+    """SEA: exact attention on a Performer+CNN-estimated sparse mask (linear in T)."""
+    if dropout:
+        logger.warning("the sea core does not apply attention dropout; dropout=%g is ignored",
+                       dropout)
+    return SEACore(ctx, options)
