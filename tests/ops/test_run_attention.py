@@ -87,6 +87,26 @@ def test_native_kernel_matches_reference(hk, dtype, mapped):
 
 
 @needs_native
+def test_native_kernel_reads_strided_key_views_in_place(monkeypatch):
+    """Keys and values as views of a larger reserved buffer (a KV cache with spare room) give
+    the same result as contiguous copies, and are not copied."""
+    b, h, t = 2, 4, 24
+    q, k, v = _qkv(b, h, 2, t)
+    spare_k, spare_v = (torch.randn(b, 2, t + 9, x.shape[-1], dtype=F64) for x in (k, v))
+    spare_k[..., :t, :], spare_v[..., :t, :] = k, v
+    k_view, v_view = spare_k[..., :t, :], spare_v[..., :t, :]
+    assert not k_view.is_contiguous()
+    head, lo, count, width = _random_runs(b, h, t, c=5)
+    monkeypatch.setattr(torch.Tensor, "contiguous", lambda x, *a, **kw: pytest.fail("copied")
+                        if x.data_ptr() in (spare_k.data_ptr(), spare_v.data_ptr()) else x)
+    with torch.no_grad():
+        out = run_attention(q, k_view, v_view, head, lo, count, width, scale=0.3)
+    monkeypatch.undo()
+    ref = run_attention_naive(q, k, v, head, lo, count, width, scale=0.3)
+    assert_close("strided", ref, out, 1e-13)
+
+
+@needs_native
 def test_native_kernel_is_used_without_autograd_only(monkeypatch):
     q, k, v = _qkv(1, 2, 2, 12, grad=True)
     head, lo, count, width = _random_runs(1, 2, 12, c=3)

@@ -12,20 +12,23 @@ from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
 from attnlab.layers.registry import CORES
 from attnlab.layers.sea.decoding import SEAState, key_layout
 from attnlab.layers.sea.estimator import SEAEstimator
-from attnlab.layers.sea.options import DENSE_PATH_MAX_KEYS, ROW_BLOCK, SEAOptions
+from attnlab.layers.sea.options import DENSE_PATH_MAX_KEYS, SEAOptions
 from attnlab.ops.attention.masks import allowed_keys, expand_kv_heads
 from attnlab.ops.sea import (
     attention_distill_loss,
     bin_edges,
     causal_mean,
-    cell_runs,
     estimate_loss,
     estimate_weighted_mean,
-    select_cell_list,
+    selected_attention,
 )
-from attnlab.ops.sparse_attention import cell_mask, masked_attention, run_attention, run_keys
+from attnlab.utils.threads import single_threaded
 
 logger = logging.getLogger(__name__)
+
+# Query rows (batch x new tokens) up to which a call runs on one thread: a decoding step's
+# ops are tiny, and a parallel region per op costs more than it saves (see single_threaded).
+FEW_ROWS = 64
 
 
 class SEACore(AttentionCore):
@@ -100,11 +103,16 @@ class SEACore(AttentionCore):
                 "the sea core cannot add a score bias (e.g. positions 'xl'); use positions "
                 "'rope', 'learned' or 'none'"
             )
-        b, h, t_q, d = q.shape
-        t_k = k.shape[-2]
+        b, _, t_q, d = q.shape
         if v.shape[-1] != d:
             raise ValueError(f"the sea core needs value width == head width, got {v.shape[-1]} "
                              f"and {d}")
+        with single_threaded(b * t_q <= FEW_ROWS):
+            return self._forward(q, k, v, scale, key_padding_mask, state)
+
+    def _forward(self, q, k, v, scale, key_padding_mask, state) -> CoreOutput:
+        b, h, t_q, _ = q.shape
+        t_k = k.shape[-2]
         usable = state if self._usable(state, t_k - t_q) else None
         layout = key_layout(key_padding_mask, b, t_q, t_k, causal=self.causal, state=usable,
                             device=q.device)
@@ -117,11 +125,14 @@ class SEACore(AttentionCore):
         probs = self._estimate_probs(logits, lengths)
         gates = torch.sigmoid(scalers.to(probs.dtype))
         ranking = self._ranking(probs)
-        attended = torch.cat([
-            self._attend(q[..., rows, :], k, v, ranking[..., rows, :], lengths[:, rows],
-                         rank_to_pos, gates[..., rows, 0], scale)
-            for rows in self._attention_blocks(t_q, t_k)
-        ], dim=-2)
+        path = self.attention_path
+        if path == "auto":
+            path = "dense" if t_k <= DENSE_PATH_MAX_KEYS else "sparse"
+        attended = selected_attention(
+            q, k, v, ranking, lengths, self.k, scale=scale, causal=self.causal,
+            group=self.topk_group, row_scale=gates[..., 0], rank_to_pos=rank_to_pos,
+            dense=path == "dense", query_chunk=self.query_chunk,
+        )
         if self.causal:
             first = t_k - t_q if usable is not None else 0
             new_mask = None if key_padding_mask is None else key_padding_mask[:, first:]
@@ -175,31 +186,6 @@ class SEACore(AttentionCore):
         estimate, attention = _recomputed(losses, q, k, logits)
         weight = 1.0 / self.n_layers
         return {"sea_estimate": weight * estimate, "sea_attention": weight * attention}
-
-    def _attention_blocks(self, t_q: int, t_k: int) -> list[slice]:
-        """Row blocks for :meth:`_attend` (see :data:`ROW_BLOCK`)."""
-        blocks, start = [], 0
-        while start < t_q:
-            visible = t_k - t_q + start + 1 if self.causal else t_k
-            end = min(t_q, start + max(ROW_BLOCK, visible // 4))
-            blocks.append(slice(start, end))
-            start = end
-        return blocks
-
-    def _attend(self, q, k, v, ranking, lengths, rank_to_pos, row_scale, scale) -> Tensor:
-        """Select, decompress and attend for one block of query rows ``q [B, H, R, D]``."""
-        head, bins, keep = select_cell_list(ranking, lengths, self.k, group=self.topk_group)
-        lo, width, count = cell_runs(bins, keep, lengths, self.n_bins, cap=self.k)
-        path = self.attention_path
-        if path == "auto":
-            path = "dense" if k.shape[-2] <= DENSE_PATH_MAX_KEYS else "sparse"
-        if path == "dense":
-            key_index, valid = run_keys(lo, width, count, rank_to_pos)
-            mask = cell_mask(head, key_index, valid, q.shape[1], k.shape[-2])
-            return masked_attention(q, k, v, mask, scale=scale, row_scale=row_scale)
-        return run_attention(q, k, v, head, lo, count, width, scale=scale, row_scale=row_scale,
-                             rank_to_pos=rank_to_pos, query_chunk=self.query_chunk,
-                             validate=False)  # runs from cell_runs: in range by construction
 
     def _estimate_probs(self, logits: Tensor, lengths: Tensor) -> Tensor:
         """Softmax over each row's non-empty bins (empty bins get -1, never selected), in at

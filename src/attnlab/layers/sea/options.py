@@ -14,13 +14,6 @@ PATHS = ("auto", "sparse", "dense")
 # 1,957 tok/s this way against 1,015 with the cell gathers, whose many small ops (and
 # checkpointed recomputation) dominate at short T.
 DENSE_PATH_MAX_KEYS = 512
-# Query rows whose cells are selected and attended together: the cell lists (and the top-k)
-# are padded to the fullest row of a block, so a block must hold rows of similar length
-# (causal rows of length 1..K have up to H*K cells of 1 key, long rows few cells of up to k
-# keys). A block starting at a row of L visible keys spans max(ROW_BLOCK, L // 4) rows, so
-# budgets within a causal block differ by at most 25%.
-ROW_BLOCK = 64
-
 
 @dataclasses.dataclass(frozen=True)
 class SEAOptions:

@@ -113,6 +113,14 @@ def _causal_plain(
     chunks' ``phi(k)^T v`` (``[B,Hk,T/chunk,m,Dv]``), so no Python loop runs over T."""
     kv, k_sum, stab = state
     b, hk, g, t, m = phi_q.shape
+    if t == 1:  # a decoding step: the sums take the new key, the query reads them
+        kv = torch.baddbmm(kv.flatten(0, 1), phi_k.flatten(0, 1).transpose(-1, -2),
+                           v.flatten(0, 1)).view_as(kv)
+        k_sum = k_sum + phi_k[:, :, 0]
+        fq = phi_q.squeeze(3)  # [B, Hk, G, m]
+        num = (fq @ kv).unsqueeze(3)
+        den = fq @ k_sum.unsqueeze(-1)  # [B, Hk, G, 1]
+        return num, den, PerformerState(kv, k_sum, stab)
     c = min(chunk_size, t)
     n = -(-t // c)
     pad = n * c - t  # zero rows: zero features and values, after every real key

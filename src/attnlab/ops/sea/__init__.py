@@ -1,6 +1,11 @@
-"""SEA's mask construction, average context and estimate loss (the sparse attention itself is
-:mod:`attnlab.ops.sparse_attention`)."""
+"""SEA's mask construction, attention on the selected keys, average context and estimate loss
+(the sparse attention kernels themselves are :mod:`attnlab.ops.sparse_attention`)."""
 
+from attnlab.ops.sea.attend import (
+    row_blocks,
+    selected_attention,
+    selected_attention_naive,
+)
 from attnlab.ops.sea.context import causal_mean, estimate_weighted_mean
 from attnlab.ops.sea.loss import attention_distill_loss, estimate_loss, upsample_logits
 from attnlab.ops.sea.mask import (
@@ -27,7 +32,10 @@ __all__ = [
     "estimate_loss",
     "estimate_weighted_mean",
     "rank_bins",
+    "row_blocks",
     "select_cell_list",
     "select_cells",
+    "selected_attention",
+    "selected_attention_naive",
     "upsample_logits",
 ]

@@ -43,7 +43,7 @@ def cell_mask(cell_head: Tensor, key_index: Tensor, key_valid: Tensor, n_heads: 
     target = torch.where(key_valid, cell_head[..., None] * (t_k + 1) + key_index.long(),
                          n_heads * (t_k + 1))  # invalid slots land in a spare column
     mask = torch.zeros(b, t_q, n_heads * (t_k + 1) + 1, dtype=torch.bool, device=cell_head.device)
-    mask.scatter_(-1, target.view(b, t_q, c * w), True)
+    mask.scatter_(-1, target.reshape(b, t_q, c * w), True)
     return mask[..., :-1].view(b, t_q, n_heads, t_k + 1)[..., :t_k].transpose(1, 2)
 
 

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 FAST_MATH = ("-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
              "-freciprocal-math")
 FLAGS = ("-O3", "-march=native", *FAST_MATH, "-fopenmp", "-std=c++17", "-shared", "-fPIC")
-DTYPES = {torch.float32: "attnlab_run_attention_f32", torch.float64: "attnlab_run_attention_f64"}
+DTYPES = {torch.float32: "f32", torch.float64: "f64"}
 
 
 def _cpu_fingerprint() -> str:
@@ -83,10 +83,13 @@ def _library() -> ctypes.CDLL | None:
         logger.warning("native CPU kernel unavailable, using the PyTorch path: %s", err)
         return None
     i64, ptr, dbl, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double, ctypes.c_int
-    for name in DTYPES.values():
-        fn = getattr(lib, name)
-        fn.argtypes = [ptr] * 10 + [i64] * 9 + [dbl, i32]
-        fn.restype = None
+    inputs = [ptr] * 8 + [i64] * 7 + [dbl]  # q k v rank_to_pos row_scale out ks vs, shapes
+    for suffix in DTYPES.values():
+        run = getattr(lib, f"attnlab_run_attention_{suffix}")
+        run.argtypes = inputs + [ptr] * 4 + [i64] * 2 + [i32]
+        select = getattr(lib, f"attnlab_select_attention_{suffix}")
+        select.argtypes = inputs + [ptr] * 2 + [i64] * 3 + [i32]
+        run.restype = select.restype = None
     return lib
 
 
@@ -110,6 +113,28 @@ def _ptr(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def _common_inputs(q: Tensor, k: Tensor, v: Tensor, row_scale: Tensor | None,
+                   rank_to_pos: Tensor | None, scale: float) -> tuple[Tensor, list, list]:
+    """(output ``[B, H, Tq, Dv]``, the leading arguments both kernels take, the tensors they
+    point to: the caller keeps them referenced while the kernel runs)."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the native run-attention kernel is not available")
+    b, h, t_q, d = q.shape
+    hk, t_k, d_v = k.shape[1], k.shape[2], v.shape[-1]
+    q = q.contiguous()
+    # K and V are read in place through their strides (a reserved KV cache's views are not
+    # contiguous); only a row of head_dim values must be
+    k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (k, v))
+    strides = [(ctypes.c_int64 * 3)(*x.stride()[:3]) for x in (k, v)]
+    r2p = None if rank_to_pos is None else rank_to_pos.to(torch.int64).contiguous()
+    rs = None if row_scale is None else row_scale.to(q.dtype).contiguous()
+    out = q.new_empty(b, h, t_q, d_v)
+    args = [_ptr(q), _ptr(k), _ptr(v), _ptr(r2p), _ptr(rs), _ptr(out), *strides,
+            b, h, hk, t_q, t_k, d, d_v, float(scale)]
+    return out, args, [q, k, v, r2p, rs]
+
+
 def run_attention_native(
     q: Tensor, k: Tensor, v: Tensor, cell_head: Tensor, cell_lo: Tensor, cell_count: Tensor,
     cell_width: Tensor, *, scale: float, row_scale: Tensor | None,
@@ -117,21 +142,28 @@ def run_attention_native(
 ) -> Tensor:
     """The kernel on validated inputs (see :func:`~attnlab.ops.sparse_attention.run_attention`);
     callers check :func:`supports` first. Returns ``[B, H, Tq, Dv]``."""
-    lib = _library()
-    if lib is None:
-        raise RuntimeError("the native run-attention kernel is not available")
-    b, h, t_q, d = q.shape
-    hk, t_k, d_v = k.shape[1], k.shape[2], v.shape[-1]
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out, args, _alive = _common_inputs(q, k, v, row_scale, rank_to_pos, scale)
     cells = [x.to(torch.int64).contiguous() for x in (cell_head, cell_lo, cell_count, cell_width)]
-    count = cells[2]
-    width = int(count.max()) if count.numel() else 0
-    r2p = None if rank_to_pos is None else rank_to_pos.to(torch.int64).contiguous()
-    rs = None if row_scale is None else row_scale.to(q.dtype).contiguous()
-    out = q.new_empty(b, h, t_q, d_v)
-    getattr(lib, DTYPES[q.dtype])(
-        _ptr(q), _ptr(k), _ptr(v), *(_ptr(x) for x in cells), _ptr(r2p), _ptr(rs), _ptr(out),
-        b, h, hk, t_q, t_k, d, d_v, cell_head.shape[-1], width, float(scale),
+    width = int(cells[2].max()) if cells[2].numel() else 0
+    getattr(_library(), f"attnlab_run_attention_{DTYPES[q.dtype]}")(
+        *args, *(_ptr(x) for x in cells), cell_head.shape[-1], width,
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def select_attention_native(
+    q: Tensor, k: Tensor, v: Tensor, ranking: Tensor, lengths: Tensor, k_per_head: int, *,
+    cap: int, scale: float, row_scale: Tensor | None, rank_to_pos: Tensor | None,
+) -> Tensor:
+    """SEA's grouped (across heads) top-k selection and the attention over it in one kernel
+    (see :func:`~attnlab.ops.sea.selected_attention`); callers check :func:`supports` first.
+    ranking ``[B, H, Tq, K]``, lengths ``[B, Tq]``. Returns ``[B, H, Tq, Dv]``."""
+    out, args, _alive = _common_inputs(q, k, v, row_scale, rank_to_pos, scale)
+    ranking = ranking.to(q.dtype).contiguous()
+    lengths = lengths.to(torch.int64).contiguous()
+    getattr(_library(), f"attnlab_select_attention_{DTYPES[q.dtype]}")(
+        *args, _ptr(ranking), _ptr(lengths), ranking.shape[-1], k_per_head, cap,
         torch.get_num_threads(),
     )
     return out

@@ -6,12 +6,23 @@
 // Per (row, head) the softmax runs over all keys of that head's cells (online, cell by cell);
 // the result is times row_scale[b, h, t]; a head with no key outputs 0.
 //
+// Two entry points share that per-row attention:
+// * run_attention: the runs are given (head, lo, count, width per cell);
+// * select_attention: SEA's grouped top-k picks them from a ranking of the compressed cells
+//   [B, H, Tq, K] (see attnlab/ops/sea/mask.py): the row's budget of cells of the highest
+//   non-negative ranking across heads, each bin b covering ranks [edge(b), edge(b + 1)),
+//   edge(b) = round_half_away(b * L / K), thinned to at most `cap` keys.
+//
 // Reads K and V rows in place (a cell's keys are contiguous when count == width), so nothing
-// is gathered into memory. Rows are split across OpenMP threads. No torch headers: the Python
-// side (attnlab/ops/sparse_attention/native.py) passes raw pointers of contiguous tensors.
+// is gathered into memory. K and V may be strided views (e.g. the filled part of a reserved KV
+// cache): ks / vs give their batch, head and token strides; a row of D values is contiguous.
+// Rows are split across OpenMP threads. No torch headers: the Python side
+// (attnlab/ops/sparse_attention/native.py) passes raw pointers of contiguous tensors.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 namespace {
@@ -24,62 +35,155 @@ inline T dot(const T* __restrict a, const T* __restrict b, int64_t n) {
   return acc;
 }
 
+// What both entry points read: the tensors and their shapes.
 template <typename T>
-void run_attention(const T* q, const T* k, const T* v, const int64_t* head, const int64_t* lo,
-                   const int64_t* count, const int64_t* width, const int64_t* rank_to_pos,
-                   const T* row_scale, T* out, int64_t B, int64_t H, int64_t Hk, int64_t Tq,
-                   int64_t Tk, int64_t D, int64_t Dv, int64_t C, int64_t W, T scale,
-                   int n_threads) {
-  const int64_t group = H / Hk;
+struct Inputs {
+  const T* q;
+  const T* k;
+  const T* v;
+  const int64_t* rank_to_pos;
+  const T* row_scale;
+  T* out;
+  const int64_t* ks;
+  const int64_t* vs;
+  int64_t B, H, Hk, Tq, Tk, D, Dv;
+  T scale;
+};
+
+// Online softmax of one query row over runs of keys, per head (scratch reused across rows).
+template <typename T>
+class RowAttention {
+ public:
+  RowAttention(const Inputs<T>& in, int64_t max_width)
+      : in_(in), acc_(in.H * in.Dv), top_(in.H), total_(in.H),
+        score_(std::max<int64_t>(max_width, 1)), pos_(std::max<int64_t>(max_width, 1)) {}
+
+  void begin(int64_t b, int64_t t) {
+    b_ = b;
+    t_ = t;
+    std::fill(top_.begin(), top_.end(), none());
+    std::fill(total_.begin(), total_.end(), T(0));
+    std::fill(acc_.begin(), acc_.end(), T(0));
+  }
+
+  // n keys of the w ranks from `start`, attended by query head h
+  void add_run(int64_t h, int64_t start, int64_t n, int64_t w) {
+    if (n <= 0) return;
+    if (n > static_cast<int64_t>(score_.size())) {
+      score_.resize(n);
+      pos_.resize(n);
+    }
+    const Inputs<T>& in = in_;
+    const int64_t kv_head = h / (in.H / in.Hk);
+    const T* kh = in.k + b_ * in.ks[0] + kv_head * in.ks[1];
+    const T* vh = in.v + b_ * in.vs[0] + kv_head * in.vs[1];
+    const T* qr = in.q + ((b_ * in.H + h) * in.Tq + t_) * in.D;
+    T cell_top = none();
+    for (int64_t o = 0; o < n; ++o) {
+      const int64_t rank = start + (n == w ? o : (o * w) / n);
+      const int64_t p = in.rank_to_pos ? in.rank_to_pos[b_ * in.Tk + rank] : rank;
+      pos_[o] = p;
+      score_[o] = in.scale * dot(qr, kh + p * in.ks[2], in.D);
+      cell_top = score_[o] > cell_top ? score_[o] : cell_top;
+    }
+    T* a = acc_.data() + h * in.Dv;
+    if (cell_top > top_[h]) {  // refer the head's running sums to the new maximum
+      const T shrink = top_[h] == none() ? T(0) : std::exp(top_[h] - cell_top);
+      total_[h] *= shrink;
+#pragma omp simd
+      for (int64_t i = 0; i < in.Dv; ++i) a[i] *= shrink;
+      top_[h] = cell_top;
+    }
+    for (int64_t o = 0; o < n; ++o) {
+      const T p = std::exp(score_[o] - top_[h]);
+      total_[h] += p;
+      const T* vr = vh + pos_[o] * in.vs[2];
+#pragma omp simd
+      for (int64_t i = 0; i < in.Dv; ++i) a[i] += p * vr[i];
+    }
+  }
+
+  void finish() {
+    const Inputs<T>& in = in_;
+    for (int64_t h = 0; h < in.H; ++h) {
+      const int64_t row = (b_ * in.H + h) * in.Tq + t_;
+      T* o_row = in.out + row * in.Dv;
+      const T factor =
+          total_[h] > 0 ? (in.row_scale ? in.row_scale[row] : T(1)) / total_[h] : T(0);
+      const T* a = acc_.data() + h * in.Dv;
+      for (int64_t i = 0; i < in.Dv; ++i) o_row[i] = a[i] * factor;
+    }
+  }
+
+ private:
   // "No key yet" is `lowest`, not -inf, so nothing depends on infinities.
-  const T none = std::numeric_limits<T>::lowest();
+  static constexpr T none() { return std::numeric_limits<T>::lowest(); }
+
+  const Inputs<T>& in_;
+  std::vector<T> acc_, top_, total_, score_;
+  std::vector<int64_t> pos_;
+  int64_t b_ = 0, t_ = 0;
+};
+
+template <typename T>
+void run_attention(const Inputs<T>& in, const int64_t* head, const int64_t* lo,
+                   const int64_t* count, const int64_t* width, int64_t C, int64_t W,
+                   int n_threads) {
 #pragma omp parallel num_threads(n_threads)
   {
-    std::vector<T> acc(H * Dv), top(H), total(H), score(W > 0 ? W : 1);
-    std::vector<int64_t> pos(W > 0 ? W : 1);
+    RowAttention<T> row_attention(in, W);
 #pragma omp for schedule(dynamic, 8)
-    for (int64_t row = 0; row < B * Tq; ++row) {
-      const int64_t b = row / Tq, t = row % Tq;
-      for (int64_t h = 0; h < H; ++h) { top[h] = none; total[h] = 0; }
-      for (int64_t i = 0; i < H * Dv; ++i) acc[i] = 0;
+    for (int64_t row = 0; row < in.B * in.Tq; ++row) {
+      row_attention.begin(row / in.Tq, row % in.Tq);
       const int64_t base = row * C;
-      for (int64_t c = 0; c < C; ++c) {
-        const int64_t n = count[base + c];
-        if (n <= 0) continue;
-        const int64_t h = head[base + c], w = width[base + c], start = lo[base + c];
-        const int64_t kv = (b * Hk + h / group) * Tk;
-        const T* qr = q + ((b * H + h) * Tq + t) * D;
-        T cell_top = none;
-        for (int64_t o = 0; o < n; ++o) {
-          const int64_t rank = start + (n == w ? o : (o * w) / n);
-          const int64_t p = rank_to_pos ? rank_to_pos[b * Tk + rank] : rank;
-          pos[o] = p;
-          score[o] = scale * dot(qr, k + (kv + p) * D, D);
-          cell_top = score[o] > cell_top ? score[o] : cell_top;
+      for (int64_t c = 0; c < C; ++c)
+        row_attention.add_run(head[base + c], lo[base + c], count[base + c], width[base + c]);
+      row_attention.finish();
+    }
+  }
+}
+
+template <typename T>
+void select_attention(const Inputs<T>& in, const T* ranking, const int64_t* lengths,
+                      int64_t K, int64_t k_per_head, int64_t cap, int n_threads) {
+  const int64_t H = in.H, cells = in.H * K;
+#pragma omp parallel num_threads(n_threads)
+  {
+    RowAttention<T> row_attention(in, cap);
+    std::vector<int64_t> edges(K + 1), order(cells);
+    std::vector<T> value(cells);
+#pragma omp for schedule(dynamic, 8)
+    for (int64_t row = 0; row < in.B * in.Tq; ++row) {
+      const int64_t b = row / in.Tq, t = row % in.Tq, L = lengths[row];
+      row_attention.begin(b, t);
+      if (L > 0) {
+        for (int64_t i = 0; i <= K; ++i) edges[i] = (2 * i * L + K) / (2 * K);
+        // cell_budget(L, k, K, H), at most H cells per non-empty bin count (mask.py)
+        int64_t budget = (2 * H * k_per_head * K + L) / (2 * L);
+        budget = std::min({std::max<int64_t>(budget, 1), cells, H * std::min(L, K)});
+        int64_t n = 0;  // candidates: cells of non-negative ranking (empty bins are < 0)
+        for (int64_t h = 0; h < H; ++h) {
+          const T* r = ranking + ((b * H + h) * in.Tq + t) * K;
+          for (int64_t bin = 0; bin < K; ++bin) {
+            if (r[bin] >= 0) {
+              value[h * K + bin] = r[bin];
+              order[n++] = h * K + bin;
+            }
+          }
         }
-        T* a = acc.data() + h * Dv;
-        if (cell_top > top[h]) {  // refer the head's running sums to the new maximum
-          const T shrink = top[h] == none ? T(0) : std::exp(top[h] - cell_top);
-          total[h] *= shrink;
-#pragma omp simd
-          for (int64_t i = 0; i < Dv; ++i) a[i] *= shrink;
-          top[h] = cell_top;
-        }
-        for (int64_t o = 0; o < n; ++o) {
-          const T p = std::exp(score[o] - top[h]);
-          total[h] += p;
-          const T* vr = v + (kv + pos[o]) * Dv;
-#pragma omp simd
-          for (int64_t i = 0; i < Dv; ++i) a[i] += p * vr[i];
+        const int64_t keep = std::min(budget, n);
+        auto higher = [&](int64_t x, int64_t y) {
+          return value[x] > value[y] || (value[x] == value[y] && x < y);
+        };
+        if (keep < n) std::nth_element(order.begin(), order.begin() + keep, order.begin() + n,
+                                       higher);
+        for (int64_t c = 0; c < keep; ++c) {
+          const int64_t h = order[c] / K, bin = order[c] % K;
+          const int64_t lo = edges[bin], w = edges[bin + 1] - lo;
+          row_attention.add_run(h, lo, std::min(w, cap), w);
         }
       }
-      for (int64_t h = 0; h < H; ++h) {
-        T* o_row = out + ((b * H + h) * Tq + t) * Dv;
-        const T factor = total[h] > 0
-            ? (row_scale ? row_scale[(b * H + h) * Tq + t] : T(1)) / total[h] : T(0);
-        const T* a = acc.data() + h * Dv;
-        for (int64_t i = 0; i < Dv; ++i) o_row[i] = a[i] * factor;
-      }
+      row_attention.finish();
     }
   }
 }
@@ -88,17 +192,27 @@ void run_attention(const T* q, const T* k, const T* v, const int64_t* head, cons
 
 extern "C" {
 
-#define ATTNLAB_RUN_ATTENTION(NAME, T)                                                        \
-  void NAME(const T* q, const T* k, const T* v, const int64_t* head, const int64_t* lo,       \
-            const int64_t* count, const int64_t* width, const int64_t* rank_to_pos,           \
-            const T* row_scale, T* out, int64_t B, int64_t H, int64_t Hk, int64_t Tq,         \
-            int64_t Tk, int64_t D, int64_t Dv, int64_t C, int64_t W, double scale,           \
-            int n_threads) {                                                                  \
-    run_attention<T>(q, k, v, head, lo, count, width, rank_to_pos, row_scale, out, B, H, Hk, \
-                     Tq, Tk, D, Dv, C, W, static_cast<T>(scale), n_threads);                 \
+#define ATTNLAB_INPUTS(T)                                                                      \
+  const T *q, const T *k, const T *v, const int64_t *rank_to_pos, const T *row_scale, T *out, \
+      const int64_t *ks, const int64_t *vs, int64_t B, int64_t H, int64_t Hk, int64_t Tq,      \
+      int64_t Tk, int64_t D, int64_t Dv, double scale
+#define ATTNLAB_PACK(T) \
+  Inputs<T> { q, k, v, rank_to_pos, row_scale, out, ks, vs, B, H, Hk, Tq, Tk, D, Dv, T(scale) }
+
+#define ATTNLAB_ENTRY_POINTS(SUFFIX, T)                                                      \
+  void attnlab_run_attention_##SUFFIX(ATTNLAB_INPUTS(T), const int64_t* head,               \
+                                      const int64_t* lo, const int64_t* count,              \
+                                      const int64_t* width, int64_t C, int64_t W,           \
+                                      int n_threads) {                                      \
+    run_attention<T>(ATTNLAB_PACK(T), head, lo, count, width, C, W, n_threads);             \
+  }                                                                                         \
+  void attnlab_select_attention_##SUFFIX(ATTNLAB_INPUTS(T), const T* ranking,               \
+                                         const int64_t* lengths, int64_t K,                 \
+                                         int64_t k_per_head, int64_t cap, int n_threads) {  \
+    select_attention<T>(ATTNLAB_PACK(T), ranking, lengths, K, k_per_head, cap, n_threads);  \
   }
 
-ATTNLAB_RUN_ATTENTION(attnlab_run_attention_f32, float)
-ATTNLAB_RUN_ATTENTION(attnlab_run_attention_f64, double)
+ATTNLAB_ENTRY_POINTS(f32, float)
+ATTNLAB_ENTRY_POINTS(f64, double)
 
 }  // extern "C"

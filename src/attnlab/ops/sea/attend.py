@@ -1,0 +1,105 @@
+"""SEA's exact attention on the keys it selects: grouped top-k of the ranked compressed cells,
+decompression into runs of keys (at most ``cap`` per bin), softmax over those keys per head.
+
+:func:`selected_attention` runs it in one native CPU kernel when it can (``group="heads"``,
+CPU float32/float64, no autograd: selection and attention per row, nothing materialised) and
+otherwise as :func:`~attnlab.ops.sea.select_cell_list` + :func:`~attnlab.ops.sea.cell_runs` +
+:func:`~attnlab.ops.sparse_attention.run_attention` over blocks of rows;
+:func:`selected_attention_naive` is the dense-mask reference.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnlab.ops.sea.mask import cell_runs, select_cell_list
+from attnlab.ops.sparse_attention import (
+    cell_mask,
+    masked_attention,
+    native,
+    run_attention,
+    run_attention_naive,
+    run_keys,
+)
+
+# Query rows whose cells are selected and attended together on the PyTorch path: the cell
+# lists (and the top-k) are padded to the fullest row of a block, so a block must hold rows of
+# similar length (causal rows of length 1..K have up to H*K cells of 1 key, long rows few
+# cells of up to k keys). A block starting at a row of L visible keys spans
+# max(ROW_BLOCK, L // 4) rows, so budgets within a causal block differ by at most 25%.
+ROW_BLOCK = 64
+
+
+def row_blocks(t_q: int, t_k: int, causal: bool) -> list[slice]:
+    """Blocks of query rows of similar length (see :data:`ROW_BLOCK`); queries are the last
+    ``t_q`` of ``t_k`` keys."""
+    blocks, start = [], 0
+    while start < t_q:
+        visible = t_k - t_q + start + 1 if causal else t_k
+        end = min(t_q, start + max(ROW_BLOCK, visible // 4))
+        blocks.append(slice(start, end))
+        start = end
+    return blocks
+
+
+def selected_attention(
+    q: Tensor, k: Tensor, v: Tensor, ranking: Tensor, lengths: Tensor, k_per_head: int, *,
+    scale: float, causal: bool, group: str = "heads", row_scale: Tensor | None = None,
+    rank_to_pos: Tensor | None = None, dense: bool = False, query_chunk: int | None = None,
+) -> Tensor:
+    """Attention of each query row over the keys of its selected cells.
+
+    Args:
+        q: ``[B, H, Tq, D]``; k, v: ``[B, Hk, Tk, D]`` (queries are the last ``Tq`` keys).
+        ranking: ``[B, H, Tq, K]`` what the top-k ranks (the estimate; cells of empty bins
+            negative, never picked); lengths: ``[B, Tq]`` keys visible to each row (``L_t``).
+        k_per_head: the budget's keys per head, also the cap of keys per bin.
+        causal: how the PyTorch path groups rows of similar length.
+        group: ``"heads"`` or ``"head"`` (see :func:`~attnlab.ops.sea.select_cell_list`).
+        row_scale: ``[B, H, Tq]`` multiplier of the probabilities, or None.
+        rank_to_pos: ``[B, Tk]`` key position of each rank, or None (identity).
+        dense: attend through the selection's dense ``[B, H, rows, Tk]`` mask (SEA's training
+            simulation; faster on CPU for a few hundred keys, O(T^2) memory).
+        query_chunk: rows per gather of the PyTorch sparse path (None = automatic).
+    Returns:
+        ``[B, H, Tq, Dv]``; a head with no selected key outputs 0.
+    """
+    tensors = [q, k, v, ranking] + ([] if row_scale is None else [row_scale])
+    if not dense and group == "heads" and native.supports(*tensors):
+        return native.select_attention_native(
+            q, k, v, ranking, lengths, k_per_head, cap=k_per_head, scale=scale,
+            row_scale=row_scale, rank_to_pos=rank_to_pos,
+        )
+    n_bins = ranking.shape[-1]
+    out = []
+    for rows in row_blocks(q.shape[-2], k.shape[-2], causal):
+        head, bins, keep = select_cell_list(ranking[..., rows, :], lengths[:, rows],
+                                            k_per_head, group=group)
+        lo, width, count = cell_runs(bins, keep, lengths[:, rows], n_bins, cap=k_per_head)
+        scale_rows = None if row_scale is None else row_scale[..., rows]
+        if dense:
+            key_index, valid = run_keys(lo, width, count, rank_to_pos)
+            mask = cell_mask(head, key_index, valid, q.shape[1], k.shape[-2])
+            out.append(masked_attention(q[..., rows, :], k, v, mask, scale=scale,
+                                        row_scale=scale_rows))
+        else:
+            out.append(run_attention(
+                q[..., rows, :], k, v, head, lo, count, width, scale=scale,
+                row_scale=scale_rows, rank_to_pos=rank_to_pos, query_chunk=query_chunk,
+                validate=False,  # runs from cell_runs: in range by construction
+            ))
+    return torch.cat(out, dim=-2)
+
+
+def selected_attention_naive(
+    q: Tensor, k: Tensor, v: Tensor, ranking: Tensor, lengths: Tensor, k_per_head: int, *,
+    scale: float, group: str = "heads", row_scale: Tensor | None = None,
+    rank_to_pos: Tensor | None = None,
+) -> Tensor:
+    """Reference of :func:`selected_attention`: all rows' cells at once and the dense masked
+    softmax over their keys."""
+    head, bins, keep = select_cell_list(ranking, lengths, k_per_head, group=group)
+    lo, width, count = cell_runs(bins, keep, lengths, ranking.shape[-1], cap=k_per_head)
+    return run_attention_naive(q, k, v, head, lo, count, width, scale=scale,
+                               row_scale=row_scale, rank_to_pos=rank_to_pos)
