@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from attnlab.config import ConfigError
 from attnlab.layers import Attention, AttentionConfig, LayerContext
 from attnlab.layers.sea import SEACore, SEAOptions, SEAState
 from attnlab.ops.attention import softmax_attention
+from attnlab.utils.testing import assert_close
 
 F64 = torch.float64
 SMALL = {"k": 2, "predictor_length": 8}  # T = 30 rows: the mask is really sparse
@@ -37,28 +40,70 @@ def qkv(b=2, t=30, h=4, d=8, seed=0):
     return [torch.randn(b, h, t, d, generator=gen, dtype=F64) for _ in range(3)]
 
 
-def decode_in_pieces(layer, x, bounds):
+def decode_in_pieces(layer, x, bounds, key_padding_mask=None):
     """Feed ``x [B, T, d]`` in the pieces ``[bounds[i], bounds[i+1])`` through the cache."""
     pieces, cache = [], None
     for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
-        out = layer(x[:, start:stop], cache=cache, use_cache=True)
+        mask = None if key_padding_mask is None else key_padding_mask[:, :stop]
+        out = layer(x[:, start:stop], cache=cache, use_cache=True, key_padding_mask=mask)
         pieces.append(out.hidden)
         cache = out.cache
     return torch.cat(pieces, dim=1), cache
 
 
+BOUNDS = [0, 11, 12, 16, *range(17, 31)]  # a prefix, a 4-token piece, then token by token
+
+
+@pytest.mark.parametrize("inference", [False, True], ids=["autograd", "no_grad"])
 @pytest.mark.parametrize("query_skip", [1, 3])
 @pytest.mark.parametrize("n_kv_heads", [None, 2])
-def test_cached_decoding_equals_full_pass(query_skip, n_kv_heads):
+def test_cached_decoding_equals_full_pass(query_skip, n_kv_heads, inference):
+    """With autograd on the PyTorch selection runs; under no_grad the native kernel (when it
+    builds) selects and attends, and single-row steps run on one thread."""
     layer = make_layer(n_kv_heads=n_kv_heads, query_skip=query_skip)
     x = torch.randn(2, 30, 32, dtype=F64)
-    full = layer(x).hidden
-    bounds = [0, 11, 12, 16, *range(17, 31)]  # a prefix, a 4-token piece, then token by token
-    steps, cache = decode_in_pieces(layer, x, bounds)
+    with torch.set_grad_enabled(not inference):
+        full = layer(x).hidden
+        steps, cache = decode_in_pieces(layer, x, BOUNDS)
     torch.testing.assert_close(steps, full, rtol=0, atol=1e-10)
     state = cache.core_state
     assert isinstance(state, SEAState) and state.n_tokens == 30
     assert state.estimator.image_rows.shape[-2] == 8
+    assert state.value_sum.shape == (2, 4 if n_kv_heads is None else 2, 8)
+
+
+@pytest.mark.parametrize("inference", [False, True], ids=["autograd", "no_grad"])
+def test_left_padded_cached_decoding_equals_full_pass_and_the_unpadded_rows(inference):
+    """A batch of prompts of different lengths (left padding): decoding equals the full pass
+    on the real tokens, and each row equals its prompt decoded alone (no RoPE here: the layer
+    would rotate by absolute position; SEA's own position code counts real keys)."""
+    layer = make_layer(positions="none")
+    x = torch.randn(2, 30, 32, dtype=F64)
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    mask[1, :7] = False
+    with torch.set_grad_enabled(not inference):
+        full = layer(x, key_padding_mask=mask).hidden
+        steps, cache = decode_in_pieces(layer, x, BOUNDS, key_padding_mask=mask)
+        alone, _ = decode_in_pieces(layer, x[1:, 7:], [0, 4, 5, 9, *range(10, 24)])
+    torch.testing.assert_close(steps[mask], full[mask], rtol=0, atol=1e-10)
+    torch.testing.assert_close(steps[1, 7:], alone[0], rtol=0, atol=1e-10)
+    assert cache.core_state.n_real.tolist() == [30, 23]
+
+
+def test_bfloat16_decoding_is_within_bfloat16_error_of_float32():
+    """A bf16 model (every key selected, so the estimate's own rounding cannot change which
+    keys are read): full pass and cached decoding within bf16's error of the float32 layer."""
+    layer = make_layer(k=64).float()
+    x = torch.randn(2, 30, 32)
+    with torch.no_grad():
+        ref = layer(x).hidden
+        low = copy.deepcopy(layer).to(torch.bfloat16)
+        full = low(x.to(torch.bfloat16)).hidden
+        steps, _ = decode_in_pieces(low, x.to(torch.bfloat16), BOUNDS)
+    eps = torch.finfo(torch.bfloat16).eps
+    for name, out in (("full", full), ("decode", steps)):
+        assert out.dtype == torch.bfloat16
+        assert_close(name, ref, out, 4 * eps)  # inputs, weights, scores and output rounded
 
 
 def test_stale_state_is_not_used():

@@ -67,7 +67,7 @@ def test_cell_runs_are_the_bins_capped_at_k():
 
 @needs_native
 @pytest.mark.parametrize("hk", [4, 2, 1])
-@pytest.mark.parametrize("dtype", [F64, torch.float32])
+@pytest.mark.parametrize("dtype", [F64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mapped", [False, True])
 def test_native_kernel_matches_reference(hk, dtype, mapped):
     b, h, t = 2, 4, 24
@@ -82,7 +82,8 @@ def test_native_kernel_matches_reference(hk, dtype, mapped):
     ref = run_attention_naive(q.double(), k.double(), v.double(), head, lo, count, width,
                               scale=0.3, row_scale=row_scale.double(), rank_to_pos=r2p)
     assert out.dtype == dtype
-    assert_close("native", ref, out, 1e-13 if dtype == F64 else 1e-6)
+    tolerance = {F64: 1e-13, torch.float32: 1e-6, torch.bfloat16: torch.finfo(dtype).eps}
+    assert_close("native", ref, out, tolerance[dtype])
     assert (out[:, :, 2] == 0).all()  # a row without keys outputs exactly 0
 
 

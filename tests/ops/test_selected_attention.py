@@ -47,6 +47,23 @@ def test_native_kernel_matches_reference(dtype, k_per_head, mapped):
     assert (out[1, :, 0] == 0).all()  # a row without keys outputs exactly 0
 
 
+@pytest.mark.skipif(not native.available(), reason="no C++ compiler")
+def test_bfloat16_is_computed_in_float32_and_rounded_once():
+    """bfloat16 q, k, v (a bf16 model): scores and sums in float32, the output rounded to
+    bf16; against the float64 reference on the same bf16 values, the error is that of one
+    rounding (bf16's eps), and the selection the same."""
+    q, k, v, ranking, lengths, r2p, row_scale = _inputs()
+    q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
+    with torch.no_grad():
+        assert native.supports(q, k, v, ranking.float(), row_scale.float())
+        out = selected_attention(q, k, v, ranking.float(), lengths, 20, scale=0.3,
+                                 causal=True, row_scale=row_scale.float(), rank_to_pos=r2p)
+    ref = selected_attention_naive(q.double(), k.double(), v.double(), ranking, lengths, 20,
+                                   scale=0.3, row_scale=row_scale, rank_to_pos=r2p)
+    assert out.dtype == torch.bfloat16
+    assert_close("bf16", ref, out, torch.finfo(torch.bfloat16).eps)
+
+
 def test_native_kernel_reads_a_reserved_cache_view_in_place():
     if not native.available():
         pytest.skip("no C++ compiler")

@@ -38,7 +38,10 @@ logger = logging.getLogger(__name__)
 FAST_MATH = ("-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
              "-freciprocal-math")
 FLAGS = ("-O3", "-march=native", *FAST_MATH, "-fopenmp", "-std=c++17", "-shared", "-fPIC")
-DTYPES = {torch.float32: "f32", torch.float64: "f64"}
+DTYPES = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16"}
+# what scores, sums, the ranking and the row scale are computed in, per storage dtype
+COMPUTE = {torch.float32: torch.float32, torch.float64: torch.float64,
+           torch.bfloat16: torch.float32}
 
 
 def _cpu_fingerprint() -> str:
@@ -98,12 +101,14 @@ def available() -> bool:
     return _library() is not None
 
 
-def supports(*tensors: Tensor) -> bool:
-    """Whether the native kernel can serve these inputs: CPU, float32/float64, no autograd."""
-    q = tensors[0]
+def supports(q: Tensor, k: Tensor, v: Tensor, *others: Tensor) -> bool:
+    """Whether the native kernel can serve these inputs: CPU; q, k, v of one dtype of
+    :data:`DTYPES` (float32, float64, bfloat16); no autograd. ``others`` (ranking, row scale)
+    are cast to the compute dtype."""
+    tensors = (q, k, v, *others)
     return (
-        q.device.type == "cpu" and q.dtype in DTYPES
-        and all(t.dtype == q.dtype and t.device == q.device for t in tensors)
+        q.device.type == "cpu" and q.dtype in DTYPES and k.dtype == v.dtype == q.dtype
+        and all(t.device == q.device for t in tensors)
         and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
         and available()
     )
@@ -128,7 +133,7 @@ def _common_inputs(q: Tensor, k: Tensor, v: Tensor, row_scale: Tensor | None,
     k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (k, v))
     strides = [(ctypes.c_int64 * 3)(*x.stride()[:3]) for x in (k, v)]
     r2p = None if rank_to_pos is None else rank_to_pos.to(torch.int64).contiguous()
-    rs = None if row_scale is None else row_scale.to(q.dtype).contiguous()
+    rs = None if row_scale is None else row_scale.to(COMPUTE[q.dtype]).contiguous()
     out = q.new_empty(b, h, t_q, d_v)
     args = [_ptr(q), _ptr(k), _ptr(v), _ptr(r2p), _ptr(rs), _ptr(out), *strides,
             b, h, hk, t_q, t_k, d, d_v, float(scale)]
@@ -160,7 +165,7 @@ def select_attention_native(
     (see :func:`~attnlab.ops.sea.selected_attention`); callers check :func:`supports` first.
     ranking ``[B, H, Tq, K]``, lengths ``[B, Tq]``. Returns ``[B, H, Tq, Dv]``."""
     out, args, _alive = _common_inputs(q, k, v, row_scale, rank_to_pos, scale)
-    ranking = ranking.to(q.dtype).contiguous()
+    ranking = ranking.to(COMPUTE[q.dtype]).contiguous()
     lengths = lengths.to(torch.int64).contiguous()
     getattr(_library(), f"attnlab_select_attention_{DTYPES[q.dtype]}")(
         *args, _ptr(ranking), _ptr(lengths), ranking.shape[-1], k_per_head, cap,

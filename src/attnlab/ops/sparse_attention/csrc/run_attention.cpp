@@ -16,51 +16,74 @@
 // Reads K and V rows in place (a cell's keys are contiguous when count == width), so nothing
 // is gathered into memory. K and V may be strided views (e.g. the filled part of a reserved KV
 // cache): ks / vs give their batch, head and token strides; a row of D values is contiguous.
-// Rows are split across OpenMP threads. No torch headers: the Python side
+// q, k, v and the output are float32, float64 or bfloat16 (stored as its 16 bits; scores,
+// softmax and sums then run in float32). Rows are split across OpenMP threads. No torch headers: the Python side
 // (attnlab/ops/sparse_attention/native.py) passes raw pointers of contiguous tensors.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
-#include <numeric>
 #include <vector>
 
 namespace {
 
-template <typename T>
-inline T dot(const T* __restrict a, const T* __restrict b, int64_t n) {
-  T acc = 0;
+struct bf16 {
+  uint16_t bits;
+};
+
+inline float widen(bf16 x) {
+  const uint32_t u = static_cast<uint32_t>(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline float widen(float x) { return x; }
+inline double widen(double x) { return x; }
+
+inline void store(bf16* d, float f) {  // round to nearest even, as torch does
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  d->bits = std::isnan(f) ? uint16_t(0x7FC0) : uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+inline void store(float* d, float f) { *d = f; }
+inline void store(double* d, double f) { *d = f; }
+
+template <typename C, typename S>
+inline C dot(const C* __restrict a, const S* __restrict b, int64_t n) {
+  C acc = 0;
 #pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * widen(b[i]);
   return acc;
 }
 
-// What both entry points read: the tensors and their shapes.
-template <typename T>
+// What both entry points read: the tensors (stored as S, computed in C) and their shapes.
+template <typename S, typename C>
 struct Inputs {
-  const T* q;
-  const T* k;
-  const T* v;
+  const S* q;
+  const S* k;
+  const S* v;
   const int64_t* rank_to_pos;
-  const T* row_scale;
-  T* out;
+  const C* row_scale;
+  S* out;
   const int64_t* ks;
   const int64_t* vs;
   int64_t B, H, Hk, Tq, Tk, D, Dv;
-  T scale;
+  C scale;
 };
 
 // Online softmax of one query row over runs of keys, per head (scratch reused across rows).
-template <typename T>
+template <typename S, typename T>
 class RowAttention {
  public:
-  RowAttention(const Inputs<T>& in, int64_t max_width)
-      : in_(in), acc_(in.H * in.Dv), top_(in.H), total_(in.H),
+  RowAttention(const Inputs<S, T>& in, int64_t max_width)
+      : in_(in), acc_(in.H * in.Dv), top_(in.H), total_(in.H), q_(in.D),
         score_(std::max<int64_t>(max_width, 1)), pos_(std::max<int64_t>(max_width, 1)) {}
 
   void begin(int64_t b, int64_t t) {
     b_ = b;
     t_ = t;
+    q_head_ = -1;
     std::fill(top_.begin(), top_.end(), none());
     std::fill(total_.begin(), total_.end(), T(0));
     std::fill(acc_.begin(), acc_.end(), T(0));
@@ -73,11 +96,16 @@ class RowAttention {
       score_.resize(n);
       pos_.resize(n);
     }
-    const Inputs<T>& in = in_;
+    const Inputs<S, T>& in = in_;
     const int64_t kv_head = h / (in.H / in.Hk);
-    const T* kh = in.k + b_ * in.ks[0] + kv_head * in.ks[1];
-    const T* vh = in.v + b_ * in.vs[0] + kv_head * in.vs[1];
-    const T* qr = in.q + ((b_ * in.H + h) * in.Tq + t_) * in.D;
+    const S* kh = in.k + b_ * in.ks[0] + kv_head * in.ks[1];
+    const S* vh = in.v + b_ * in.vs[0] + kv_head * in.vs[1];
+    if (q_head_ != h) {  // the head's query row, widened once
+      const S* qr = in.q + ((b_ * in.H + h) * in.Tq + t_) * in.D;
+      for (int64_t i = 0; i < in.D; ++i) q_[i] = widen(qr[i]);
+      q_head_ = h;
+    }
+    const T* qr = q_.data();
     T cell_top = none();
     for (int64_t o = 0; o < n; ++o) {
       const int64_t rank = start + (n == w ? o : (o * w) / n);
@@ -97,21 +125,21 @@ class RowAttention {
     for (int64_t o = 0; o < n; ++o) {
       const T p = std::exp(score_[o] - top_[h]);
       total_[h] += p;
-      const T* vr = vh + pos_[o] * in.vs[2];
+      const S* vr = vh + pos_[o] * in.vs[2];
 #pragma omp simd
-      for (int64_t i = 0; i < in.Dv; ++i) a[i] += p * vr[i];
+      for (int64_t i = 0; i < in.Dv; ++i) a[i] += p * widen(vr[i]);
     }
   }
 
   void finish() {
-    const Inputs<T>& in = in_;
+    const Inputs<S, T>& in = in_;
     for (int64_t h = 0; h < in.H; ++h) {
       const int64_t row = (b_ * in.H + h) * in.Tq + t_;
-      T* o_row = in.out + row * in.Dv;
+      S* o_row = in.out + row * in.Dv;
       const T factor =
           total_[h] > 0 ? (in.row_scale ? in.row_scale[row] : T(1)) / total_[h] : T(0);
       const T* a = acc_.data() + h * in.Dv;
-      for (int64_t i = 0; i < in.Dv; ++i) o_row[i] = a[i] * factor;
+      for (int64_t i = 0; i < in.Dv; ++i) store(o_row + i, a[i] * factor);
     }
   }
 
@@ -119,19 +147,19 @@ class RowAttention {
   // "No key yet" is `lowest`, not -inf, so nothing depends on infinities.
   static constexpr T none() { return std::numeric_limits<T>::lowest(); }
 
-  const Inputs<T>& in_;
-  std::vector<T> acc_, top_, total_, score_;
+  const Inputs<S, T>& in_;
+  std::vector<T> acc_, top_, total_, q_, score_;
   std::vector<int64_t> pos_;
-  int64_t b_ = 0, t_ = 0;
+  int64_t b_ = 0, t_ = 0, q_head_ = -1;
 };
 
-template <typename T>
-void run_attention(const Inputs<T>& in, const int64_t* head, const int64_t* lo,
+template <typename S, typename T>
+void run_attention(const Inputs<S, T>& in, const int64_t* head, const int64_t* lo,
                    const int64_t* count, const int64_t* width, int64_t C, int64_t W,
                    int n_threads) {
 #pragma omp parallel num_threads(n_threads)
   {
-    RowAttention<T> row_attention(in, W);
+    RowAttention<S, T> row_attention(in, W);
 #pragma omp for schedule(dynamic, 8)
     for (int64_t row = 0; row < in.B * in.Tq; ++row) {
       row_attention.begin(row / in.Tq, row % in.Tq);
@@ -143,13 +171,13 @@ void run_attention(const Inputs<T>& in, const int64_t* head, const int64_t* lo,
   }
 }
 
-template <typename T>
-void select_attention(const Inputs<T>& in, const T* ranking, const int64_t* lengths,
+template <typename S, typename T>
+void select_attention(const Inputs<S, T>& in, const T* ranking, const int64_t* lengths,
                       int64_t K, int64_t k_per_head, int64_t cap, int n_threads) {
   const int64_t H = in.H, cells = in.H * K;
 #pragma omp parallel num_threads(n_threads)
   {
-    RowAttention<T> row_attention(in, cap);
+    RowAttention<S, T> row_attention(in, cap);
     std::vector<int64_t> edges(K + 1), order(cells);
     std::vector<T> value(cells);
 #pragma omp for schedule(dynamic, 8)
@@ -192,27 +220,30 @@ void select_attention(const Inputs<T>& in, const T* ranking, const int64_t* leng
 
 extern "C" {
 
-#define ATTNLAB_INPUTS(T)                                                                      \
-  const T *q, const T *k, const T *v, const int64_t *rank_to_pos, const T *row_scale, T *out, \
+// S: how q, k, v and the output are stored; T: what the scores, ranking and row scale are in.
+#define ATTNLAB_INPUTS(S, T)                                                                   \
+  const S *q, const S *k, const S *v, const int64_t *rank_to_pos, const T *row_scale, S *out, \
       const int64_t *ks, const int64_t *vs, int64_t B, int64_t H, int64_t Hk, int64_t Tq,      \
       int64_t Tk, int64_t D, int64_t Dv, double scale
-#define ATTNLAB_PACK(T) \
-  Inputs<T> { q, k, v, rank_to_pos, row_scale, out, ks, vs, B, H, Hk, Tq, Tk, D, Dv, T(scale) }
+#define ATTNLAB_PACK(S, T) \
+  Inputs<S, T> { q, k, v, rank_to_pos, row_scale, out, ks, vs, B, H, Hk, Tq, Tk, D, Dv, T(scale) }
 
-#define ATTNLAB_ENTRY_POINTS(SUFFIX, T)                                                      \
-  void attnlab_run_attention_##SUFFIX(ATTNLAB_INPUTS(T), const int64_t* head,               \
-                                      const int64_t* lo, const int64_t* count,              \
-                                      const int64_t* width, int64_t C, int64_t W,           \
-                                      int n_threads) {                                      \
-    run_attention<T>(ATTNLAB_PACK(T), head, lo, count, width, C, W, n_threads);             \
-  }                                                                                         \
-  void attnlab_select_attention_##SUFFIX(ATTNLAB_INPUTS(T), const T* ranking,               \
-                                         const int64_t* lengths, int64_t K,                 \
-                                         int64_t k_per_head, int64_t cap, int n_threads) {  \
-    select_attention<T>(ATTNLAB_PACK(T), ranking, lengths, K, k_per_head, cap, n_threads);  \
+#define ATTNLAB_ENTRY_POINTS(SUFFIX, S, T)                                                    \
+  void attnlab_run_attention_##SUFFIX(ATTNLAB_INPUTS(S, T), const int64_t* head,             \
+                                      const int64_t* lo, const int64_t* count,               \
+                                      const int64_t* width, int64_t C, int64_t W,            \
+                                      int n_threads) {                                       \
+    run_attention<S, T>(ATTNLAB_PACK(S, T), head, lo, count, width, C, W, n_threads);        \
+  }                                                                                          \
+  void attnlab_select_attention_##SUFFIX(ATTNLAB_INPUTS(S, T), const T* ranking,             \
+                                         const int64_t* lengths, int64_t K,                  \
+                                         int64_t k_per_head, int64_t cap, int n_threads) {   \
+    select_attention<S, T>(ATTNLAB_PACK(S, T), ranking, lengths, K, k_per_head, cap,         \
+                           n_threads);                                                       \
   }
 
-ATTNLAB_ENTRY_POINTS(f32, float)
-ATTNLAB_ENTRY_POINTS(f64, double)
+ATTNLAB_ENTRY_POINTS(f32, float, float)
+ATTNLAB_ENTRY_POINTS(f64, double, double)
+ATTNLAB_ENTRY_POINTS(bf16, bf16, float)
 
 }  // extern "C"
