@@ -232,6 +232,40 @@ def cmd_bench_hf(args: argparse.Namespace) -> int:
     return 0
 
 
+def _yaml_core(text: str) -> object:
+    """A ``--core`` value: a name or a YAML mapping; ``ValueError`` for invalid YAML."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"--core {text!r} is not valid YAML: {err}") from err
+
+
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    try:
+        from attnlab.bench import serve, serve_report
+    except ImportError as err:  # no transformers
+        raise SystemExit(f"error: {err}") from err
+    try:
+        cores = [_yaml_core(c) for c in args.core] or list(serve.DEFAULT_CORES)
+        records = serve.run(
+            args.model, gguf_file=args.gguf_file, cores=cores, seq_lens=args.seq_lens,
+            batches=args.batches, prefill_batches=args.prefill_batches, dtypes=args.dtypes,
+            steps=args.steps, warmup=args.warmup, reps=args.reps, threads=args.threads,
+            device=args.device, json_path=args.json, plot_path=args.plot,
+        )
+    except (ValueError, ImportError) as err:  # ConfigError is a ValueError
+        message = " ".join(str(err).split())
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    print(serve_report.format_summary(records))
+    for path in (args.json, args.plot):
+        if path:
+            print(f"saved {path}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from attnlab.demo import run_demo
     from attnlab.report import compact_table
@@ -379,6 +413,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
     p.set_defaults(func=cmd_bench_hf)
+
+    p = bench_sub.add_parser(
+        "serve", help="serving: prefill latency and decode tokens/s of a Hugging Face model vs "
+                      "its attnlab-converted copies, with in-place KV caches",
+        description="Prefill (real left-padded prompts) and cached decoding (from random "
+                    "caches of each context length) of the original model and each converted "
+                    "core, side by side. A CPU prefill of the original is quadratic in T: at "
+                    "T=8192 and batch 8 it takes minutes on SmolLM2-135M, hence "
+                    "--prefill-batches 1 by default.")
+    p.add_argument("--model", default=None, metavar="FOLDER",
+                   help="Hugging Face model folder (default: a small random Llama)")
+    p.add_argument("--gguf-file", default=None, metavar="NAME",
+                   help="a GGUF file in --model to load, e.g. SmolLM2-135M-Instruct.Q4_1.gguf")
+    p.add_argument("--core", action="append", default=[], metavar="CORE",
+                   help="converted core: a name or YAML with options (repeatable; default: "
+                        "'{name: sea, k: 256, predictor_length: 64}')")
+    p.add_argument("--seq-lens", type=_csv(int), default=[2048, 4096, 8192],
+                   metavar="T1,T2,...", help="context lengths (decode: keys the last timed "
+                   "step attends to; at most the model's max_position_embeddings)")
+    p.add_argument("--batches", type=_csv(int), default=[1, 4, 8], metavar="B1,B2,...",
+                   help="decode batch sizes (rows beyond the first are left-padded)")
+    p.add_argument("--prefill-batches", type=_csv(int), default=[1], metavar="B1,B2,...",
+                   help="prefill batch sizes; '' (empty) for no prefill")
+    p.add_argument("--dtypes", type=_csv(str), default=["float32"], metavar="D1,D2,...",
+                   help="float32, bfloat16 (float16 on cuda only)")
+    p.add_argument("--steps", type=int, default=8,
+                   help="timed decode steps per model in each round")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed decode steps first (the first builds the cores' state)")
+    p.add_argument("--reps", type=int, default=3,
+                   help="rounds of alternation (prefill: timed prefills per model)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads during the run (default: unchanged)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="save records and the summary as JSON")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="decode tokens/s vs context length (needs matplotlib: attnlab[plot])")
+    p.set_defaults(func=cmd_bench_serve)
 
     p = sub.add_parser("report", help="the report of runs and benchmarks: Markdown, PNG, JSON")
     p.add_argument("paths", nargs="*", metavar="PATH",

@@ -77,6 +77,46 @@ def core_specs(cores: Sequence[str | dict | PartSpec]) -> list[PartSpec]:
     return specs
 
 
+def load_original(model: str | None = None, *, gguf_file: str | None = None,
+                  seed: int = 0) -> tuple[transformers.PreTrainedModel, str]:
+    """The original model in eval mode and its label in the records: :func:`tiny_llama`
+    (``seed``) and :data:`TINY_MODEL` when ``model`` is None, else the Hugging Face folder
+    ``model`` (``gguf_file``: a GGUF file in it) and its path."""
+    if model is None:
+        return tiny_llama(seed), TINY_MODEL
+    return attnlab.hf.load(model, gguf_file=gguf_file).eval(), str(model)
+
+
+def check_max_length(original: transformers.PreTrainedModel, length: int) -> None:
+    """Raise ``ConfigError`` when ``length`` positions exceed the model's
+    ``max_position_embeddings``."""
+    limit = original.config.max_position_embeddings
+    if length > limit:
+        raise ConfigError(f"seq_len {length} exceeds the model's max_position_embeddings "
+                          f"{limit}")
+
+
+def side_by_side(original: transformers.PreTrainedModel, specs: Sequence[PartSpec],
+                 seed: int = 0) -> dict[str, transformers.PreTrainedModel]:
+    """``{BASELINE: original, core name: a deep copy converted to that core (eval mode)}``,
+    each conversion seeded with ``seed`` (same initial core weights whatever the order)."""
+    models = {BASELINE: original}
+    for spec in specs:
+        torch.manual_seed(seed)
+        models[spec.name] = attnlab.hf.convert(copy.deepcopy(original), spec.name,
+                                               spec.options).eval()
+    return models
+
+
+def add_options(records: Sequence[Record], specs: Sequence[PartSpec]) -> None:
+    """Add each converted core's options to the shape of its records (in place). Call it
+    after ``fill_ratios``: options are per core, while ratios group records by shape."""
+    options = {s.name: dict(s.options) for s in specs if s.options}
+    for r in records:
+        if r.name in options:
+            r.shape = {**r.shape, "options": options[r.name]}
+
+
 def _shape(model: str, op: str, seq_len: int, batch: int, new_tokens: int | None,
            dtype: torch.dtype) -> dict[str, Any]:
     shape: dict[str, Any] = {"model": model, "op": op, "seq_len": seq_len, "batch": batch}
@@ -129,18 +169,9 @@ def run(
         raise ValueError(f"seq_lens, batch and new_tokens must be positive, got "
                          f"{list(seq_lens)}, {batch}, {new_tokens}")
     dev = torch.device(device)
-    if model is None:
-        original, label = tiny_llama(seed), TINY_MODEL
-    else:
-        original, label = attnlab.hf.load(model, gguf_file=gguf_file).eval(), str(model)
-    if max(lengths) > original.config.max_position_embeddings:
-        raise ConfigError(f"seq_len {max(lengths)} exceeds the model's "
-                          f"max_position_embeddings {original.config.max_position_embeddings}")
-    models = {BASELINE: original.to(dev)}
-    for spec in specs:
-        torch.manual_seed(seed)
-        models[spec.name] = attnlab.hf.convert(copy.deepcopy(original), spec.name,
-                                               spec.options).to(dev).eval()
+    original, label = load_original(model, gguf_file=gguf_file, seed=seed)
+    check_max_length(original, max(lengths))
+    models = {name: m.to(dev) for name, m in side_by_side(original, specs, seed).items()}
     dtype = next(original.parameters()).dtype
     gen = torch.Generator().manual_seed(seed)
     records: list[Record] = []
@@ -160,10 +191,7 @@ def run(
                 logger.info("%s T=%d %s: %.1f ms (min %.1f)", op, seq_len, name,
                             timing.median, timing.min)
     fill_ratios(records, BASELINE)
-    for r in records:  # after the ratios: options are per core, the grouping is by shape
-        spec = next((s for s in specs if s.name == r.name), None)
-        if spec is not None and spec.options:
-            r.shape = {**r.shape, "options": dict(spec.options)}
+    add_options(records, specs)
     if json_path is not None:
         write_json(json_path, records, summary=summarize(records))
     return records

@@ -42,7 +42,31 @@ class CausalCNN(nn.Module):
     def forward(self, image: Tensor, row_mask: Tensor | None = None) -> Tensor:
         # channels-last: measured 1.8x faster for these 2H-channel convs on CPU (oneDNN)
         x = keep_rows(image, row_mask).contiguous(memory_format=torch.channels_last)
-        x = self._conv(self.conv2, self._conv(self.conv1, x, row_mask), row_mask)
+        return self._head(self._conv(self.conv2, self._conv(self.conv1, x, row_mask), row_mask))
+
+    def last_rows(self, window: Tensor, row_mask: Tensor | None, n: int) -> Tensor:
+        """``forward(window, row_mask)[..., -n:, :]`` computing only what those rows read:
+        the first conv on the ``n + 4`` rows the second reads, the second on ``n`` rows
+        (decoding: ``n`` new rows after at most :data:`CNN_CONTEXT_ROWS` of context; measured
+        60-100 us against 140-380 us for the whole window at batch 1-8, one thread)."""
+        b, r = window.shape[0], window.shape[-2]
+        if n == 0:  # a query-skipped step estimates no row
+            return window.new_empty(b, self.out.out_channels, 0, self.norm.normalized_shape[0])
+        first = r - n - CNN_CONTEXT_ROWS  # the window row of the first input read
+        x = keep_rows(window, row_mask)[..., max(0, first):, :]
+        mask = None if row_mask is None else row_mask[:, max(0, first):]
+        if first < 0:  # rows above the sequence's first: zeros, as the convs' padding
+            x = F.pad(x, (0, 0, -first, 0))
+            real = torch.ones(b, r, dtype=torch.bool, device=x.device) if mask is None else mask
+            mask = F.pad(real, (-first, 0), value=False)
+        x = x.contiguous(memory_format=torch.channels_last)
+        for conv, skip in ((self.conv1, 4), (self.conv2, 8)):  # each drops 4 rows above
+            x = F.relu(F.conv2d(x, conv.weight, conv.bias, dilation=2, padding=(0, 2)))
+            x = keep_rows(x, None if mask is None else mask[:, skip:])
+        return self._head(x)
+
+    def _head(self, x: Tensor) -> Tensor:
+        """1x1 conv to H channels, x4 upsample and LayerNorm(K) of the second conv's rows."""
         # The 1x1 conv commutes with the x4 nearest upsample, and a LayerNorm over 4 copies of
         # each value has the statistics of the un-repeated row: both run at a quarter width,
         # and the affine map writes the 4 copies.

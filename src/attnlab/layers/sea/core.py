@@ -107,10 +107,11 @@ class SEACore(AttentionCore):
         if v.shape[-1] != d:
             raise ValueError(f"the sea core needs value width == head width, got {v.shape[-1]} "
                              f"and {d}")
+        threads = torch.get_num_threads()  # the native kernel's, over the rows
         with single_threaded(b * t_q <= FEW_ROWS):
-            return self._forward(q, k, v, scale, key_padding_mask, state)
+            return self._forward(q, k, v, scale, key_padding_mask, state, threads)
 
-    def _forward(self, q, k, v, scale, key_padding_mask, state) -> CoreOutput:
+    def _forward(self, q, k, v, scale, key_padding_mask, state, threads) -> CoreOutput:
         b, h, t_q, _ = q.shape
         t_k = k.shape[-2]
         usable = state if self._usable(state, t_k - t_q) else None
@@ -131,7 +132,7 @@ class SEACore(AttentionCore):
         attended = selected_attention(
             q, k, v, ranking, lengths, self.k, scale=scale, causal=self.causal,
             group=self.topk_group, row_scale=gates[..., 0], rank_to_pos=rank_to_pos,
-            dense=path == "dense", query_chunk=self.query_chunk,
+            dense=path == "dense", query_chunk=self.query_chunk, threads=threads,
         )
         if self.causal:
             first = t_k - t_q if usable is not None else 0

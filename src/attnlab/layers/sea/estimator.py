@@ -172,7 +172,8 @@ class SEAEstimator(nn.Module):
             if state is not None:
                 window = torch.cat((state.image_rows, image), dim=-2)
                 window_mask = cat_row_masks(state.row_mask, row_mask, context, image.shape[-2])
-            logits = self.cnn(window, window_mask)[..., context:, :]
+            logits = self.cnn(window, window_mask) if state is None else \
+                self.cnn.last_rows(window, window_mask, image.shape[-2])
             if not every_row:
                 if state is not None:  # rows before this call's first estimate reuse the last
                     logits = torch.cat((state.logits, logits), dim=-2)

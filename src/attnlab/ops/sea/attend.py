@@ -47,6 +47,7 @@ def selected_attention(
     q: Tensor, k: Tensor, v: Tensor, ranking: Tensor, lengths: Tensor, k_per_head: int, *,
     scale: float, causal: bool, group: str = "heads", row_scale: Tensor | None = None,
     rank_to_pos: Tensor | None = None, dense: bool = False, query_chunk: int | None = None,
+    threads: int | None = None,
 ) -> Tensor:
     """Attention of each query row over the keys of its selected cells.
 
@@ -62,6 +63,7 @@ def selected_attention(
         dense: attend through the selection's dense ``[B, H, rows, Tk]`` mask (SEA's training
             simulation; faster on CPU for a few hundred keys, O(T^2) memory).
         query_chunk: rows per gather of the PyTorch sparse path (None = automatic).
+        threads: the native kernel's threads (None: torch's), at most one per row.
     Returns:
         ``[B, H, Tq, Dv]``; a head with no selected key outputs 0.
     """
@@ -69,7 +71,7 @@ def selected_attention(
     if not dense and group == "heads" and native.supports(*tensors):
         return native.select_attention_native(
             q, k, v, ranking, lengths, k_per_head, cap=k_per_head, scale=scale,
-            row_scale=row_scale, rank_to_pos=rank_to_pos,
+            row_scale=row_scale, rank_to_pos=rank_to_pos, threads=threads,
         )
     n_bins = ranking.shape[-1]
     out = []

@@ -118,6 +118,12 @@ def _ptr(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def _threads(threads: int | None, rows: int) -> int:
+    """OpenMP threads for ``rows`` query rows: ``threads`` (None: torch's), at most one per
+    row (an idle thread still waits at the region's end, at length when a core is busy)."""
+    return max(1, min(torch.get_num_threads() if threads is None else threads, rows))
+
+
 def _common_inputs(q: Tensor, k: Tensor, v: Tensor, row_scale: Tensor | None,
                    rank_to_pos: Tensor | None, scale: float) -> tuple[Tensor, list, list]:
     """(output ``[B, H, Tq, Dv]``, the leading arguments both kernels take, the tensors they
@@ -152,7 +158,7 @@ def run_attention_native(
     width = int(cells[2].max()) if cells[2].numel() else 0
     getattr(_library(), f"attnlab_run_attention_{DTYPES[q.dtype]}")(
         *args, *(_ptr(x) for x in cells), cell_head.shape[-1], width,
-        torch.get_num_threads(),
+        _threads(None, cell_head.shape[0] * cell_head.shape[1]),
     )
     return out
 
@@ -160,15 +166,17 @@ def run_attention_native(
 def select_attention_native(
     q: Tensor, k: Tensor, v: Tensor, ranking: Tensor, lengths: Tensor, k_per_head: int, *,
     cap: int, scale: float, row_scale: Tensor | None, rank_to_pos: Tensor | None,
+    threads: int | None = None,
 ) -> Tensor:
     """SEA's grouped (across heads) top-k selection and the attention over it in one kernel
     (see :func:`~attnlab.ops.sea.selected_attention`); callers check :func:`supports` first.
-    ranking ``[B, H, Tq, K]``, lengths ``[B, Tq]``. Returns ``[B, H, Tq, Dv]``."""
+    ranking ``[B, H, Tq, K]``, lengths ``[B, Tq]``; ``threads``: OpenMP threads (None:
+    torch's), at most one per row. Returns ``[B, H, Tq, Dv]``."""
     out, args, _alive = _common_inputs(q, k, v, row_scale, rank_to_pos, scale)
     ranking = ranking.to(COMPUTE[q.dtype]).contiguous()
     lengths = lengths.to(torch.int64).contiguous()
     getattr(_library(), f"attnlab_select_attention_{DTYPES[q.dtype]}")(
         *args, _ptr(ranking), _ptr(lengths), ranking.shape[-1], k_per_head, cap,
-        torch.get_num_threads(),
+        _threads(threads, lengths.numel()),
     )
     return out

@@ -1,0 +1,495 @@
+"""``attnlab bench serve``: prefill latency and decoding throughput of a Hugging Face model,
+original vs converted, in the way a serving system runs them.
+
+For the original model (``original``, its own SDPA attention) and a copy converted to each
+given core (default: SEA with ``k = 256, predictor_length = 64``), all in one dtype, over a
+grid of dtypes x batches x context lengths ``T``:
+
+* ``op: prefill``: one forward of a batch of prompts ``[batch, T]`` into a fresh KV cache, as
+  a server admits requests: left padding (row ``i`` of ``B > 1`` prompts has
+  ``(T // 8) * i // (B - 1)`` pad tokens in front, so the last row has ``T - T // 8`` real
+  tokens; batch 1 has none), ``attention_mask`` and ``position_ids`` from it, and only the
+  last position's logits (``logits_to_keep=1``, what sampling the first new token needs).
+  The prompts are real tokens, so this is a real prefill.
+* ``op: decode``: tokens/s of cached single-token steps alone (``batch`` tokens per step).
+  Each model starts from a cache filled with *random* keys and values (shape field
+  ``"cache": "random"``) with the same left-padding mask, instead of a real prefill: a decode
+  step's cost depends on the sizes of the cache, not on the values in it (the attention reads
+  every cached key whatever they hold; SEA selects a fixed budget of ``k`` keys per head),
+  and skipping the prefill keeps long contexts and large batches affordable on a CPU. The
+  first ``warmup`` steps are untimed (the first lets an attnlab core build its decoding state
+  from the cached keys, as after any cache it did not fill itself), one more is traced for
+  memory, then the models alternate: in each of ``reps`` rounds every model runs ``steps``
+  timed steps continuing its own cache. The cache holds ``T - n`` tokens at the start, ``n``
+  being the steps run (``warmup + 1 + reps * steps``), so the last timed step attends to
+  ``T`` keys (shape field ``"contexts"``: the first and last timed step's) and no position
+  goes past ``T``: ``T`` up to the model's ``max_position_embeddings`` is accepted.
+
+Both sides use :class:`attnlab.hf.cache.InPlaceCache`, which writes new keys into reserved
+room like a serving system's KV memory: transformers' ``DynamicCache`` would copy the whole
+cache on every step (``torch.cat``), a cost that would dominate the original's decoding and
+flatter the converted cores.
+
+Timing alternates the models (round-robin, so drift hits all alike) and takes medians; peak
+memory (:func:`attnlab.bench.common.peak_memory_mb`) comes from a separate untimed call (a
+prefill, which also warms the prefill up; for decode, one step plus the cache's own bytes,
+computed from its shapes). Records follow :mod:`attnlab.bench.common`'s schema (``bench:
+"serve"``, ``pass: "fwd"``, baseline ``original``); :func:`summarize` gives decode tokens/s
+and speedups per model, dtype, batch and length.
+
+Cost on a CPU: a prefill is quadratic in ``T`` for the original (minutes at ``T = 8192`` and
+batch 8 on SmolLM2-135M), hence the default ``prefill_batches=(1,)``; decoding from random
+caches is cheap to set up at any size (memory: every model holds its own cache, ``batch *
+Hk * T * D * 2`` elements per layer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import transformers
+from torch import Tensor
+from tqdm import tqdm
+
+from attnlab.bench.common import Record, Timing, fill_ratios, peak_memory_mb, write_json
+from attnlab.bench.hf import (
+    BASELINE,
+    add_options,
+    check_max_length,
+    core_specs,
+    load_original,
+    side_by_side,
+)
+from attnlab.bench.plot import require_matplotlib
+from attnlab.bench.serve_report import plot_decode, summarize
+from attnlab.config import ConfigError, PartSpec
+from attnlab.hf.cache import InPlaceCache
+
+logger = logging.getLogger(__name__)
+
+BENCH = "serve"
+DEFAULT_CORES: tuple[dict[str, Any], ...] = ({"name": "sea", "k": 256, "predictor_length": 64},)
+DEFAULT_SEQ_LENS = (2048, 4096, 8192)
+DEFAULT_BATCHES = (1, 4, 8)
+DEFAULT_PREFILL_BATCHES = (1,)
+DEFAULT_DTYPES = ("float32",)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CUDA_ONLY_DTYPES = ("float16",)
+PAD_DIVISOR = 8
+"""The most padded row of a batch has ``T // PAD_DIVISOR`` pad tokens."""
+NO_RANDOM_CACHE = {"reformer": "it shares queries and keys, so it cannot decode from cached "
+                               "keys it did not compute itself"}
+"""Cores that cannot start decoding from a cache they did not fill (why)."""
+QUIET_LOGGER = "attnlab.hf.attention"  # warns once per core type about rebuilt states
+
+
+# ---------------------------------------------------------------- validation
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device``; ``ValueError`` when it is not ``cpu`` or an available
+    ``cuda`` device."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"unknown device {device!r}; valid: cpu, cuda, cuda:N") from err
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {str(device)!r} is not available: torch finds no CUDA "
+                             "GPU (or was built without CUDA); use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {str(device)!r} is not available: "
+                             f"{torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type != "cpu":
+        raise ValueError(f"device {str(device)!r} is not supported; valid: cpu, cuda, cuda:N")
+    return dev
+
+
+def resolve_dtypes(names: Sequence[str], device: torch.device) -> list[torch.dtype]:
+    """The torch dtypes of ``names`` (distinct, in order); ``ValueError`` for an unknown name,
+    none at all, or ``float16`` off CUDA."""
+    valid = [n for n in DTYPES if device.type == "cuda" or n not in CUDA_ONLY_DTYPES]
+    names = list(dict.fromkeys(names))
+    if not names:
+        raise ValueError(f"give one or more dtypes; valid: {', '.join(valid)}")
+    for name in names:
+        if name not in valid:
+            only = " (float16 only on cuda)" if name in CUDA_ONLY_DTYPES else ""
+            raise ValueError(f"dtype {name!r} is not valid on {device.type}{only}; valid: "
+                             f"{', '.join(valid)}")
+    return [DTYPES[n] for n in names]
+
+
+def _positive(name: str, values: Sequence[int], *, allow_empty: bool = False,
+              hint: str = "") -> list[int]:
+    """``values`` distinct and ascending; ``ValueError`` unless all are >= 1."""
+    if (not values and not allow_empty) or any(v < 1 for v in values):
+        raise ValueError(f"{name} must be positive integers, got {list(values)}{hint}")
+    return sorted(set(values))
+
+
+def decode_steps(steps: int, warmup: int, reps: int) -> int:
+    """Single-token steps a decode cell runs per model: warmup, one memory step, timed."""
+    return warmup + 1 + reps * steps
+
+
+def check_decode_length(seq_len: int, steps: int, warmup: int, reps: int) -> None:
+    """``ValueError`` when ``seq_len`` is too short to hold a left-padded random cache and
+    the decode steps after it (every row needs a real cached key before decoding)."""
+    n = decode_steps(steps, warmup, reps)
+    if seq_len - n <= seq_len // PAD_DIVISOR:
+        shortest = next(t for t in range(n + 1, 2 * n + PAD_DIVISOR + 2)
+                        if t - n > t // PAD_DIVISOR)
+        raise ValueError(
+            f"seq_len {seq_len} is too short to decode {n} steps ({warmup} warmup + 1 memory + "
+            f"{reps}x{steps} timed) after a left-padded cache: the shortest is {shortest}")
+
+
+def check_cores(specs: Sequence[PartSpec]) -> None:
+    """``ConfigError`` for a core that cannot decode from a random cache."""
+    for spec in specs:
+        if spec.name in NO_RANDOM_CACHE:
+            raise ConfigError(f"core {spec.name!r} cannot be served by this benchmark: "
+                              f"{NO_RANDOM_CACHE[spec.name]}")
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def pad_lengths(batch: int, seq_len: int) -> list[int]:
+    """Left pad tokens per row: ``(seq_len // PAD_DIVISOR) * i // (batch - 1)`` for row ``i``
+    (0 for the first row, ``seq_len // PAD_DIVISOR`` for the last; none at batch 1)."""
+    if batch == 1:
+        return [0]
+    return [(seq_len // PAD_DIVISOR) * i // (batch - 1) for i in range(batch)]
+
+
+def left_padding_mask(pads: Sequence[int], length: int,
+                      device: torch.device | str = "cpu") -> Tensor:
+    """``[B, length]`` int64 attention mask, 0 on each row's first ``pads[i]`` positions."""
+    mask = torch.ones(len(pads), length, dtype=torch.long, device=device)
+    for row, pad in enumerate(pads):
+        mask[row, :pad] = 0
+    return mask
+
+
+def positions(mask: Tensor) -> Tensor:
+    """``[B, L]`` position ids of a left-padded ``[B, L]`` mask (0 on the pads)."""
+    return (mask.cumsum(-1) - 1).clamp_min(0)
+
+
+def padding_label(batch: int) -> str:
+    return "left" if batch > 1 else "none"
+
+
+@dataclass(frozen=True)
+class CacheShape:
+    """Per-layer KV shape of a model: ``layers`` x keys and values ``[B, kv_heads, L,
+    head_dim]``."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def of(cls, config: transformers.PretrainedConfig) -> CacheShape:
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        return cls(config.num_hidden_layers, kv_heads, head_dim)
+
+    def nbytes(self, batch: int, length: int, dtype: torch.dtype) -> int:
+        """Bytes of the filled keys and values of every layer at ``length`` tokens."""
+        elem = torch.empty((), dtype=dtype).element_size()
+        return batch * self.kv_heads * length * self.head_dim * 2 * elem * self.layers
+
+
+def random_cache(shape: CacheShape, batch: int, length: int, capacity: int, dtype: torch.dtype,
+                 device: torch.device, generator: torch.Generator) -> InPlaceCache:
+    """An :class:`InPlaceCache` of ``capacity`` tokens holding ``length`` random keys and
+    values ``[batch, kv_heads, length, head_dim]`` per layer."""
+    cache = InPlaceCache(capacity=capacity)
+    size = (batch, shape.kv_heads, length, shape.head_dim)
+    for layer in range(shape.layers):
+        keys, values = (torch.randn(size, generator=generator).to(device, dtype)
+                        for _ in range(2))
+        cache.update(keys, values, layer)
+    return cache
+
+
+# ---------------------------------------------------------------- calls
+
+
+def prefill_call(model: transformers.PreTrainedModel, ids: Tensor, mask: Tensor,
+                 capacity: int) -> Callable[[], None]:
+    """One prefill of ``ids`` ``[B, T]`` (mask ``[B, T]``) into a fresh ``InPlaceCache``."""
+    pos = positions(mask)
+
+    def call() -> None:
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                  cache=InPlaceCache(capacity=capacity), use_cache=True, logits_to_keep=1)
+
+    return call
+
+
+class Decoder:
+    """Single-token decoding steps of one model continuing its own cache.
+
+    ``mask``: ``[B, T]``, the whole left-padded mask of the cell; the cache holds its first
+    ``cache.get_seq_length()`` positions, and each :meth:`step` appends one token."""
+
+    def __init__(self, model: transformers.PreTrainedModel, cache: InPlaceCache, mask: Tensor,
+                 token: Tensor) -> None:
+        self.model, self.cache, self.mask, self.token = model, cache, mask, token  # token [B, 1]
+        self.length = cache.get_seq_length()
+        self.next_pos = positions(mask[:, : self.length])[:, -1:] + 1  # [B, 1]
+
+    def step(self) -> None:
+        """One forward of ``token`` with the mask of ``length + 1`` positions."""
+        self.length += 1
+        with torch.no_grad():
+            self.model(input_ids=self.token, attention_mask=self.mask[:, : self.length],
+                       position_ids=self.next_pos, cache=self.cache, use_cache=True)
+        self.next_pos += 1  # in place: nothing allocated before a traced step is freed in it
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def alternate(fns: Mapping[str, Callable[[], object]], rounds: int, per_round: int = 1,
+              device: torch.device | str = "cpu") -> dict[str, Timing]:
+    """Time candidates round-robin: each of ``rounds`` rounds runs every candidate in turn,
+    ``per_round`` timed calls in a row (a block, as a server runs one model's steps). Unlike
+    :func:`attnlab.bench.common.time_side_by_side` there is no warmup and no minimum count:
+    the caller warms up (a decode cell's warmup steps, a prefill's memory call)."""
+    device = torch.device(device)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(per_round):
+                _sync(device)
+                start = time.perf_counter()
+                fn()
+                _sync(device)
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: Timing(tuple(ts)) for name, ts in times.items()}
+
+
+# ---------------------------------------------------------------- cells
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The validated sizes of a run; ``steps``, ``warmup``, ``reps`` as in :func:`run`."""
+
+    seq_lens: list[int]
+    batches: list[int]
+    prefill_batches: list[int]
+    dtypes: list[torch.dtype]
+    steps: int
+    warmup: int
+    reps: int
+
+    def cells(self) -> list[tuple[torch.dtype, str, int, int]]:
+        """``(dtype, op, batch, seq_len)`` in run order: per dtype, prefills then decodes."""
+        return [(dtype, op, batch, t) for dtype in self.dtypes
+                for op, batches in (("prefill", self.prefill_batches), ("decode", self.batches))
+                for batch in batches for t in self.seq_lens]
+
+
+def _shape(label: str, op: str, seq_len: int, batch: int, dtype: torch.dtype,
+           **extra: Any) -> dict[str, Any]:
+    return {"model": label, "op": op, "seq_len": seq_len, "batch": batch,
+            "dtype": str(dtype).removeprefix("torch."), "padding": padding_label(batch), **extra}
+
+
+def prefill_cell(models: Mapping[str, transformers.PreTrainedModel], label: str, batch: int,
+                 seq_len: int, dtype: torch.dtype, grid: Grid, device: torch.device,
+                 generator: torch.Generator) -> list[Record]:
+    """Records of one prefill of random prompts ``[batch, seq_len]`` by every model."""
+    vocab = next(iter(models.values())).config.vocab_size
+    ids = torch.randint(0, vocab, (batch, seq_len), generator=generator).to(device)
+    mask = left_padding_mask(pad_lengths(batch, seq_len), seq_len, device)
+    fns = {name: prefill_call(m, ids, mask, seq_len + grid.steps) for name, m in models.items()}
+    peaks = {name: peak_memory_mb(fn, device) for name, fn in fns.items()}  # also the warmup
+    timings = alternate(fns, grid.reps, device=device)
+    shape = _shape(label, "prefill", seq_len, batch, dtype)
+    return [Record(BENCH, name, "fwd", dict(shape), timings[name].median, timings[name].min,
+                   peaks[name]) for name in models]
+
+
+def decode_cell(models: Mapping[str, transformers.PreTrainedModel], label: str, batch: int,
+                seq_len: int, dtype: torch.dtype, grid: Grid, device: torch.device,
+                generator: torch.Generator) -> list[Record]:
+    """Records of cached decoding steps by every model from random caches, the last timed
+    step attending to ``seq_len`` keys."""
+    config = next(iter(models.values())).config
+    kv = CacheShape.of(config)
+    start = seq_len - decode_steps(grid.steps, grid.warmup, grid.reps)
+    mask = left_padding_mask(pad_lengths(batch, seq_len), seq_len, device)
+    token = torch.randint(0, config.vocab_size, (batch, 1), generator=generator).to(device)
+    decoders: dict[str, Decoder] = {}
+    for name, m in models.items():
+        cache = random_cache(kv, batch, start, seq_len, dtype, device, generator)
+        decoders[name] = Decoder(m, cache, mask, token)
+    peaks = {}
+    for name, dec in decoders.items():
+        for _ in range(grid.warmup):
+            dec.step()
+        cache_mb = kv.nbytes(batch, dec.length + 1, dtype) / 2**20
+        with _native_stderr_muted():
+            peaks[name] = cache_mb + peak_memory_mb(dec.step, device)
+    first = start + grid.warmup + 2
+    timings = alternate({name: d.step for name, d in decoders.items()}, grid.reps, grid.steps,
+                        device)
+    shape = _shape(label, "decode", seq_len, batch, dtype, cache="random",
+                   steps=grid.reps * grid.steps, contexts=[first, seq_len])
+    return [Record(BENCH, name, "fwd", dict(shape), timings[name].median, timings[name].min,
+                   peaks[name]) for name in models]
+
+
+# ---------------------------------------------------------------- run
+
+
+@contextlib.contextmanager
+def _native_stderr_muted() -> Iterator[None]:
+    """Send file descriptor 2 to the null device for a while. A traced decode step frees the
+    core's previous decoding state, allocated before the trace began, and torch's allocator
+    then prints a one-time C++ warning ("Memory block of unknown size ...") that no Python
+    setting silences; the peak is unaffected (the state is live at the peak either way)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@contextlib.contextmanager
+def _quiet_and_threads(threads: int | None) -> Iterator[None]:
+    """Silence :data:`QUIET_LOGGER` below ERROR and set torch's threads, restoring both."""
+    quiet = logging.getLogger(QUIET_LOGGER)
+    level, old_threads = quiet.level, torch.get_num_threads()
+    quiet.setLevel(logging.ERROR)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        quiet.setLevel(level)
+        torch.set_num_threads(old_threads)
+
+
+def _cast(masters: Mapping[str, transformers.PreTrainedModel], dtype: torch.dtype,
+          device: torch.device) -> dict[str, transformers.PreTrainedModel]:
+    """The models in ``dtype`` on ``device``: the masters themselves when they already are,
+    else copies (the masters stay as loaded for the next dtype)."""
+    out = {}
+    for name, model in masters.items():
+        param = next(model.parameters())
+        same = param.dtype == dtype and param.device == device
+        out[name] = model if same else copy.deepcopy(model).to(device, dtype)
+    return out
+
+
+def _validate(seq_lens: Sequence[int], batches: Sequence[int], prefill_batches: Sequence[int],
+              dtypes: Sequence[str], steps: int, warmup: int, reps: int, threads: int | None,
+              device: torch.device) -> Grid:
+    for name, value in (("steps", steps), ("warmup", warmup), ("reps", reps)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    grid = Grid(_positive("seq_lens", seq_lens), _positive("batches", batches),
+                _positive("prefill_batches", prefill_batches, allow_empty=True,
+                          hint=" (for no prefill give an empty list: --prefill-batches '')"),
+                resolve_dtypes(dtypes, device), steps, warmup, reps)
+    check_decode_length(grid.seq_lens[0], steps, warmup, reps)
+    return grid
+
+
+def run(
+    model: str | None = None,
+    *,
+    gguf_file: str | None = None,
+    cores: Sequence[str | dict | PartSpec] = DEFAULT_CORES,
+    seq_lens: Sequence[int] = DEFAULT_SEQ_LENS,
+    batches: Sequence[int] = DEFAULT_BATCHES,
+    prefill_batches: Sequence[int] = DEFAULT_PREFILL_BATCHES,
+    dtypes: Sequence[str] = DEFAULT_DTYPES,
+    steps: int = 8,
+    warmup: int = 2,
+    reps: int = 3,
+    threads: int | None = None,
+    device: str = "cpu",
+    json_path: str | os.PathLike[str] | None = None,
+    plot_path: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[Record]:
+    """Benchmark the original model against each converted core over the grid dtypes x
+    (prefill batches x seq_lens, then batches x seq_lens); returns the records, ratios
+    against ``original`` filled and the cores' options in their shapes, and writes the JSON
+    (with :func:`summarize`) and the plot (:func:`plot_decode`) when paths are given.
+
+    ``model``: a Hugging Face model folder (None: the tiny random Llama of ``bench hf``);
+    ``gguf_file``: a GGUF file in it. ``cores``: names or mappings with options.
+    ``prefill_batches`` may be empty (no prefill). ``dtypes``: names among :data:`DTYPES`
+    (float16 on CUDA only). ``steps``: timed decode steps per model per round; ``reps``:
+    rounds (prefills: timed calls per model). ``threads``: torch threads during the run
+    (None: unchanged). Everything is validated (``ValueError`` / ``ConfigError``, nothing
+    written) before the models are converted."""
+    dev = resolve_device(device)
+    grid = _validate(seq_lens, batches, prefill_batches, dtypes, steps, warmup, reps, threads,
+                     dev)
+    specs = core_specs(cores)
+    check_cores(specs)
+    if plot_path is not None:
+        require_matplotlib()
+    original, label = load_original(model, gguf_file=gguf_file, seed=seed)
+    if not original.can_generate():
+        raise ConfigError(f"{label} is not a generating (causal) language model")
+    check_max_length(original, grid.seq_lens[-1])
+    masters = side_by_side(original, specs, seed)
+    gen = torch.Generator().manual_seed(seed)
+    records: list[Record] = []
+    cells = grid.cells()
+    with _quiet_and_threads(threads), tqdm(total=len(cells), desc="bench serve", unit="cell",
+                                           file=sys.stderr, disable=None if progress else True,
+                                           dynamic_ncols=True) as bar:
+        models, models_dtype = {}, None
+        for dtype, op, batch, seq_len in cells:
+            if dtype != models_dtype:
+                models.clear()  # free the previous dtype's copies first
+                models, models_dtype = _cast(masters, dtype, dev), dtype
+            bar.set_postfix_str(f"{str(dtype).removeprefix('torch.')} {op} B={batch} "
+                                f"T={seq_len}")
+            cell = prefill_cell if op == "prefill" else decode_cell
+            done = cell(models, label, batch, seq_len, dtype, grid, dev, gen)
+            for r in done:
+                logger.debug("%s %s B=%d T=%d %s: %.2f ms (min %.2f), %.1f MiB", dtype, op,
+                             batch, seq_len, r.name, r.ms_median, r.ms_min, r.peak_mem_mb)
+            records += done
+            bar.update()
+        fill_ratios(records, BASELINE)
+        add_options(records, specs)
+        if json_path is not None:  # machine_info() inside both: with the run's threads
+            write_json(json_path, records, summary=summarize(records))
+        if plot_path is not None:
+            plot_decode(records, plot_path)
+    return records
