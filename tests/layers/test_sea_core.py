@@ -90,6 +90,29 @@ def test_left_padded_cached_decoding_equals_full_pass_and_the_unpadded_rows(infe
     assert cache.core_state.n_real.tolist() == [30, 23]
 
 
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_long_prefill_in_row_blocks_equals_one_pass(monkeypatch, n_kv_heads):
+    """A causal prefill longer than PREFILL_ROWS runs in blocks continuing the decoding
+    state: the same output and state as one pass, left padding included."""
+    import attnlab.layers.sea.core as sea_module
+
+    layer = make_layer(n_kv_heads=n_kv_heads, positions="none")
+    x = torch.randn(2, 30, 32, dtype=F64)
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    mask[1, :6] = False
+    with torch.no_grad():
+        one = layer(x, key_padding_mask=mask, use_cache=True)
+        monkeypatch.setattr(sea_module, "PREFILL_ROWS", 7)  # 5 blocks, the last of 2 rows
+        blocks = layer(x, key_padding_mask=mask, use_cache=True)
+        step = torch.randn(2, 1, 32, dtype=F64)
+        mask31 = torch.cat((mask, torch.ones(2, 1, dtype=torch.bool)), 1)
+        after = [layer(step, key_padding_mask=mask31, cache=out.cache, use_cache=True).hidden
+                 for out in (one, blocks)]
+    torch.testing.assert_close(blocks.hidden[mask], one.hidden[mask], rtol=0, atol=1e-10)
+    torch.testing.assert_close(after[1], after[0], rtol=0, atol=1e-10)
+    assert blocks.cache.core_state.n_tokens == 30
+
+
 def test_bfloat16_decoding_is_within_bfloat16_error_of_float32():
     """A bf16 model (every key selected, so the estimate's own rounding cannot change which
     keys are read): full pass and cached decoding within bf16's error of the float32 layer."""

@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 # Query rows (batch x new tokens) up to which a call runs on one thread: a decoding step's
 # ops are tiny, and a parallel region per op costs more than it saves (see single_threaded).
 FEW_ROWS = 64
+# Query rows per block of a long causal prefill at inference (see forward).
+PREFILL_ROWS = 512
 
 
 class SEACore(AttentionCore):
@@ -108,8 +110,23 @@ class SEACore(AttentionCore):
             raise ValueError(f"the sea core needs value width == head width, got {v.shape[-1]} "
                              f"and {d}")
         threads = torch.get_num_threads()  # the native kernel's, over the rows
-        with single_threaded(b * t_q <= FEW_ROWS):
-            return self._forward(q, k, v, scale, key_padding_mask, state, threads)
+        if not (self.causal and not self.training and t_q > PREFILL_ROWS):
+            with single_threaded(b * t_q <= FEW_ROWS):
+                return self._forward(q, k, v, scale, key_padding_mask, state, threads)
+        # A long causal prefill at inference: blocks of rows, each continuing the decoding
+        # state of the last (the same result as one pass, as cached decoding is), so the
+        # estimator's and the selection's [B, H, rows, ...] tensors stay block-sized.
+        t_k, pieces = k.shape[-2], []
+        for start in range(0, t_q, PREFILL_ROWS):
+            stop = min(start + PREFILL_ROWS, t_q)
+            keys = t_k - t_q + stop
+            piece = self._forward(
+                q[..., start:stop, :], k[..., :keys, :], v[..., :keys, :], scale,
+                None if key_padding_mask is None else key_padding_mask[:, :keys], state, threads,
+            )
+            pieces.append(piece.out)
+            state = piece.state
+        return CoreOutput(torch.cat(pieces, dim=-2), {}, state)
 
     def _forward(self, q, k, v, scale, key_padding_mask, state, threads) -> CoreOutput:
         b, h, t_q, _ = q.shape
