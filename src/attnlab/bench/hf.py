@@ -25,6 +25,7 @@ import copy
 import logging
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -81,10 +82,11 @@ def load_original(model: str | None = None, *, gguf_file: str | None = None,
                   seed: int = 0) -> tuple[transformers.PreTrainedModel, str]:
     """The original model in eval mode and its label in the records: :func:`tiny_llama`
     (``seed``) and :data:`TINY_MODEL` when ``model`` is None, else the Hugging Face folder
-    ``model`` (``gguf_file``: a GGUF file in it) and its path."""
+    ``model`` (``gguf_file``: a GGUF file in it) and its name (``folder/file.gguf``)."""
     if model is None:
         return tiny_llama(seed), TINY_MODEL
-    return attnlab.hf.load(model, gguf_file=gguf_file).eval(), str(model)
+    label = Path(model).name + ("" if gguf_file is None else f"/{gguf_file}")
+    return attnlab.hf.load(model, gguf_file=gguf_file).eval(), label
 
 
 def check_max_length(original: transformers.PreTrainedModel, length: int) -> None:

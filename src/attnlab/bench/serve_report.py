@@ -94,7 +94,7 @@ def _tick_subs(values: Sequence[float]) -> tuple[float, ...]:
     """Labelled ticks per decade of a log axis spanning ``values``: more when it is short."""
     decades = math.log10(max(values) / min(values)) if values else 0.0
     if decades < 1:
-        return (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+        return (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.0)
     return (1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)
 
 
@@ -114,7 +114,7 @@ def plot_decode(records: Sequence[Record], path: str | os.PathLike[str], *,
     dtypes = list(dict.fromkeys(r.shape["dtype"] for r in decode))
     names = list(dict.fromkeys(r.name for r in decode))
     batches = sorted({r.shape["batch"] for r in decode})
-    fig = Figure(figsize=(6.5 * max(len(dtypes), 1) + 2, 5), layout="constrained")
+    fig = Figure(figsize=(6.5 * max(len(dtypes), 1) + 1, 5.5), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, max(len(dtypes), 1), squeeze=False)[0]
     colors = {n: f"C{i}" for i, n in enumerate(names)}
@@ -148,8 +148,9 @@ def plot_decode(records: Sequence[Record], path: str | os.PathLike[str], *,
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
-    if handles:
-        fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8)
-    model = decode[0].shape["model"] if decode else "?"
+    if handles:  # below the panels: nothing hides a line or the title
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center",
+                   ncols=min(len(handles), len(batches)), fontsize=8)
+    model = Path(decode[0].shape["model"]).name if decode else "?"
     title = f"attnlab bench serve: {model}; {machine_label(machine or machine_info())}"
     return save_figure(fig, path, title)
