@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from attnlab.bench import serve, serve_report  # noqa: E402
+from attnlab.bench import serve, serve_inputs, serve_report  # noqa: E402
 from attnlab.bench.common import read_json, read_summary  # noqa: E402
 from attnlab.bench.hf import TINY_LLAMA, TINY_MODEL, tiny_llama  # noqa: E402
 from attnlab.cli import main  # noqa: E402
@@ -70,7 +70,7 @@ def test_records_per_cell_with_ratios(tiny_run):
 
 def test_decode_peak_counts_the_cache(tiny_run):
     records, _ = tiny_run
-    kv = serve.CacheShape.of(tiny_llama().config)
+    kv = serve_inputs.CacheShape.of(tiny_llama().config)
     assert (kv.layers, kv.kv_heads, kv.head_dim) == (4, 4, 32)
     for r in records:
         if r.shape["op"] == "decode":
@@ -113,21 +113,21 @@ def test_json_round_trip(tiny_run):
 
 
 def test_left_padding_and_positions():
-    assert serve.pad_lengths(1, 64) == [0]
-    assert serve.pad_lengths(2, 64) == [0, 8]
-    assert serve.pad_lengths(8, 64) == [0, 1, 2, 3, 4, 5, 6, 8]
-    mask = serve.left_padding_mask(serve.pad_lengths(3, 16), 16)
+    assert serve_inputs.pad_lengths(1, 64) == [0]
+    assert serve_inputs.pad_lengths(2, 64) == [0, 8]
+    assert serve_inputs.pad_lengths(8, 64) == [0, 1, 2, 3, 4, 5, 6, 8]
+    mask = serve_inputs.left_padding_mask(serve_inputs.pad_lengths(3, 16), 16)
     assert mask.shape == (3, 16) and mask.sum(-1).tolist() == [16, 15, 14]
-    pos = serve.positions(mask)
+    pos = serve_inputs.positions(mask)
     assert pos[2].tolist() == [0, 0] + list(range(14))
     assert pos[:, -1].tolist() == [15, 14, 13]
 
 
 def test_decoder_continues_its_cache():
     model = tiny_llama()
-    kv = serve.CacheShape.of(model.config)
-    mask = serve.left_padding_mask(serve.pad_lengths(2, 24), 24)
-    cache = serve.random_cache(kv, 2, 20, 24, torch.float32, torch.device("cpu"),
+    kv = serve_inputs.CacheShape.of(model.config)
+    mask = serve_inputs.left_padding_mask(serve_inputs.pad_lengths(2, 24), 24)
+    cache = serve_inputs.random_cache(kv, 2, 20, 24, torch.float32, torch.device("cpu"),
                                torch.Generator().manual_seed(0))
     assert cache.layers[0].keys.shape == (2, 4, 20, 32) and len(cache.layers) == 4
     dec = serve.Decoder(model, cache, mask, torch.zeros(2, 1, dtype=torch.long))
@@ -151,14 +151,14 @@ def test_bfloat16_cells():
 
 def test_validation():
     cpu = torch.device("cpu")
-    assert serve.resolve_dtypes(["float32", "bfloat16", "float32"], cpu) == [
+    assert serve_inputs.resolve_dtypes(["float32", "bfloat16", "float32"], cpu) == [
         torch.float32, torch.bfloat16]
     with pytest.raises(ValueError, match="float16 only on cuda.*valid: float32, bfloat16"):
-        serve.resolve_dtypes(["float16"], cpu)
+        serve_inputs.resolve_dtypes(["float16"], cpu)
     with pytest.raises(ValueError, match="'fp8'.*valid: float32, bfloat16"):
-        serve.resolve_dtypes(["fp8"], cpu)
+        serve_inputs.resolve_dtypes(["fp8"], cpu)
     with pytest.raises(ValueError, match="unknown device"):
-        serve.resolve_device("tpu")
+        serve_inputs.resolve_device("tpu")
     kwargs = {"cores": [SEA], "progress": False}
     with pytest.raises(ValueError, match="batches must be positive"):
         serve.run(seq_lens=[32], batches=[0], **kwargs)

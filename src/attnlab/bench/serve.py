@@ -52,7 +52,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -70,6 +69,19 @@ from attnlab.bench.hf import (
     side_by_side,
 )
 from attnlab.bench.plot import require_matplotlib
+from attnlab.bench.serve_inputs import (
+    CacheShape,
+    Grid,
+    check_cores,
+    decode_steps,
+    left_padding_mask,
+    pad_lengths,
+    padding_label,
+    positions,
+    random_cache,
+    resolve_device,
+    validated_grid,
+)
 from attnlab.bench.serve_report import plot_decode, summarize
 from attnlab.config import ConfigError, PartSpec
 from attnlab.hf.cache import InPlaceCache
@@ -82,148 +94,7 @@ DEFAULT_SEQ_LENS = (2048, 4096, 8192)
 DEFAULT_BATCHES = (1, 4, 8)
 DEFAULT_PREFILL_BATCHES = (1,)
 DEFAULT_DTYPES = ("float32",)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CUDA_ONLY_DTYPES = ("float16",)
-PAD_DIVISOR = 8
-"""The most padded row of a batch has ``T // PAD_DIVISOR`` pad tokens."""
-NO_RANDOM_CACHE = {"reformer": "it shares queries and keys, so it cannot decode from cached "
-                               "keys it did not compute itself"}
-"""Cores that cannot start decoding from a cache they did not fill (why)."""
 QUIET_LOGGER = "attnlab.hf.attention"  # warns once per core type about rebuilt states
-
-
-# ---------------------------------------------------------------- validation
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``device`` as a ``torch.device``; ``ValueError`` when it is not ``cpu`` or an available
-    ``cuda`` device."""
-    try:
-        dev = torch.device(device)
-    except RuntimeError as err:
-        raise ValueError(f"unknown device {device!r}; valid: cpu, cuda, cuda:N") from err
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {str(device)!r} is not available: torch finds no CUDA "
-                             "GPU (or was built without CUDA); use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {str(device)!r} is not available: "
-                             f"{torch.cuda.device_count()} CUDA device(s)")
-    elif dev.type != "cpu":
-        raise ValueError(f"device {str(device)!r} is not supported; valid: cpu, cuda, cuda:N")
-    return dev
-
-
-def resolve_dtypes(names: Sequence[str], device: torch.device) -> list[torch.dtype]:
-    """The torch dtypes of ``names`` (distinct, in order); ``ValueError`` for an unknown name,
-    none at all, or ``float16`` off CUDA."""
-    valid = [n for n in DTYPES if device.type == "cuda" or n not in CUDA_ONLY_DTYPES]
-    names = list(dict.fromkeys(names))
-    if not names:
-        raise ValueError(f"give one or more dtypes; valid: {', '.join(valid)}")
-    for name in names:
-        if name not in valid:
-            only = " (float16 only on cuda)" if name in CUDA_ONLY_DTYPES else ""
-            raise ValueError(f"dtype {name!r} is not valid on {device.type}{only}; valid: "
-                             f"{', '.join(valid)}")
-    return [DTYPES[n] for n in names]
-
-
-def _positive(name: str, values: Sequence[int], *, allow_empty: bool = False,
-              hint: str = "") -> list[int]:
-    """``values`` distinct and ascending; ``ValueError`` unless all are >= 1."""
-    if (not values and not allow_empty) or any(v < 1 for v in values):
-        raise ValueError(f"{name} must be positive integers, got {list(values)}{hint}")
-    return sorted(set(values))
-
-
-def decode_steps(steps: int, warmup: int, reps: int) -> int:
-    """Single-token steps a decode cell runs per model: warmup, one memory step, timed."""
-    return warmup + 1 + reps * steps
-
-
-def check_decode_length(seq_len: int, steps: int, warmup: int, reps: int) -> None:
-    """``ValueError`` when ``seq_len`` is too short to hold a left-padded random cache and
-    the decode steps after it (every row needs a real cached key before decoding)."""
-    n = decode_steps(steps, warmup, reps)
-    if seq_len - n <= seq_len // PAD_DIVISOR:
-        shortest = next(t for t in range(n + 1, 2 * n + PAD_DIVISOR + 2)
-                        if t - n > t // PAD_DIVISOR)
-        raise ValueError(
-            f"seq_len {seq_len} is too short to decode {n} steps ({warmup} warmup + 1 memory + "
-            f"{reps}x{steps} timed) after a left-padded cache: the shortest is {shortest}")
-
-
-def check_cores(specs: Sequence[PartSpec]) -> None:
-    """``ConfigError`` for a core that cannot decode from a random cache."""
-    for spec in specs:
-        if spec.name in NO_RANDOM_CACHE:
-            raise ConfigError(f"core {spec.name!r} cannot be served by this benchmark: "
-                              f"{NO_RANDOM_CACHE[spec.name]}")
-
-
-# ---------------------------------------------------------------- inputs
-
-
-def pad_lengths(batch: int, seq_len: int) -> list[int]:
-    """Left pad tokens per row: ``(seq_len // PAD_DIVISOR) * i // (batch - 1)`` for row ``i``
-    (0 for the first row, ``seq_len // PAD_DIVISOR`` for the last; none at batch 1)."""
-    if batch == 1:
-        return [0]
-    return [(seq_len // PAD_DIVISOR) * i // (batch - 1) for i in range(batch)]
-
-
-def left_padding_mask(pads: Sequence[int], length: int,
-                      device: torch.device | str = "cpu") -> Tensor:
-    """``[B, length]`` int64 attention mask, 0 on each row's first ``pads[i]`` positions."""
-    mask = torch.ones(len(pads), length, dtype=torch.long, device=device)
-    for row, pad in enumerate(pads):
-        mask[row, :pad] = 0
-    return mask
-
-
-def positions(mask: Tensor) -> Tensor:
-    """``[B, L]`` position ids of a left-padded ``[B, L]`` mask (0 on the pads)."""
-    return (mask.cumsum(-1) - 1).clamp_min(0)
-
-
-def padding_label(batch: int) -> str:
-    return "left" if batch > 1 else "none"
-
-
-@dataclass(frozen=True)
-class CacheShape:
-    """Per-layer KV shape of a model: ``layers`` x keys and values ``[B, kv_heads, L,
-    head_dim]``."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-
-    @classmethod
-    def of(cls, config: transformers.PretrainedConfig) -> CacheShape:
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        return cls(config.num_hidden_layers, kv_heads, head_dim)
-
-    def nbytes(self, batch: int, length: int, dtype: torch.dtype) -> int:
-        """Bytes of the filled keys and values of every layer at ``length`` tokens."""
-        elem = torch.empty((), dtype=dtype).element_size()
-        return batch * self.kv_heads * length * self.head_dim * 2 * elem * self.layers
-
-
-def random_cache(shape: CacheShape, batch: int, length: int, capacity: int, dtype: torch.dtype,
-                 device: torch.device, generator: torch.Generator) -> InPlaceCache:
-    """An :class:`InPlaceCache` of ``capacity`` tokens holding ``length`` random keys and
-    values ``[batch, kv_heads, length, head_dim]`` per layer."""
-    cache = InPlaceCache(capacity=capacity)
-    size = (batch, shape.kv_heads, length, shape.head_dim)
-    for layer in range(shape.layers):
-        keys, values = (torch.randn(size, generator=generator).to(device, dtype)
-                        for _ in range(2))
-        cache.update(keys, values, layer)
-    return cache
 
 
 # ---------------------------------------------------------------- calls
@@ -288,25 +159,6 @@ def alternate(fns: Mapping[str, Callable[[], object]], rounds: int, per_round: i
 
 
 # ---------------------------------------------------------------- cells
-
-
-@dataclass(frozen=True)
-class Grid:
-    """The validated sizes of a run; ``steps``, ``warmup``, ``reps`` as in :func:`run`."""
-
-    seq_lens: list[int]
-    batches: list[int]
-    prefill_batches: list[int]
-    dtypes: list[torch.dtype]
-    steps: int
-    warmup: int
-    reps: int
-
-    def cells(self) -> list[tuple[torch.dtype, str, int, int]]:
-        """``(dtype, op, batch, seq_len)`` in run order: per dtype, prefills then decodes."""
-        return [(dtype, op, batch, t) for dtype in self.dtypes
-                for op, batches in (("prefill", self.prefill_batches), ("decode", self.batches))
-                for batch in batches for t in self.seq_lens]
 
 
 def _shape(label: str, op: str, seq_len: int, batch: int, dtype: torch.dtype,
@@ -407,22 +259,6 @@ def _cast(masters: Mapping[str, transformers.PreTrainedModel], dtype: torch.dtyp
     return out
 
 
-def _validate(seq_lens: Sequence[int], batches: Sequence[int], prefill_batches: Sequence[int],
-              dtypes: Sequence[str], steps: int, warmup: int, reps: int, threads: int | None,
-              device: torch.device) -> Grid:
-    for name, value in (("steps", steps), ("warmup", warmup), ("reps", reps)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
-    grid = Grid(_positive("seq_lens", seq_lens), _positive("batches", batches),
-                _positive("prefill_batches", prefill_batches, allow_empty=True,
-                          hint=" (for no prefill give an empty list: --prefill-batches '')"),
-                resolve_dtypes(dtypes, device), steps, warmup, reps)
-    check_decode_length(grid.seq_lens[0], steps, warmup, reps)
-    return grid
-
-
 def run(
     model: str | None = None,
     *,
@@ -449,13 +285,13 @@ def run(
 
     ``model``: a Hugging Face model folder (None: the tiny random Llama of ``bench hf``);
     ``gguf_file``: a GGUF file in it. ``cores``: names or mappings with options.
-    ``prefill_batches`` may be empty (no prefill). ``dtypes``: names among :data:`DTYPES`
-    (float16 on CUDA only). ``steps``: timed decode steps per model per round; ``reps``:
-    rounds (prefills: timed calls per model). ``threads``: torch threads during the run
-    (None: unchanged). Everything is validated (``ValueError`` / ``ConfigError``, nothing
-    written) before the models are converted."""
+    ``prefill_batches`` may be empty (no prefill). ``dtypes``: names among
+    :data:`~attnlab.bench.serve_inputs.DTYPES` (float16 on CUDA only). ``steps``: timed
+    decode steps per model per round; ``reps``: rounds (prefills: timed calls per model).
+    ``threads``: torch threads during the run (None: unchanged). Everything is validated
+    (``ValueError`` / ``ConfigError``, nothing written) before the models are converted."""
     dev = resolve_device(device)
-    grid = _validate(seq_lens, batches, prefill_batches, dtypes, steps, warmup, reps, threads,
+    grid = validated_grid(seq_lens, batches, prefill_batches, dtypes, steps, warmup, reps, threads,
                      dev)
     specs = core_specs(cores)
     check_cores(specs)
