@@ -79,6 +79,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def time_call(fn: Callable[[], object], device: torch.device) -> float:
+    """Milliseconds of one call of ``fn``, CUDA work synchronised before and after."""
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return (time.perf_counter() - start) * 1e3
+
+
 def time_side_by_side(
     fns: Mapping[str, Callable[[], object]],
     reps: int | Mapping[str, int] = 10,
@@ -107,11 +116,7 @@ def time_side_by_side(
         for name, fn in fns.items():
             if rnd >= counts[name]:
                 continue
-            _sync(device)
-            start = time.perf_counter()
-            fn()
-            _sync(device)
-            times[name].append((time.perf_counter() - start) * 1e3)
+            times[name].append(time_call(fn, device))
     return {name: Timing(tuple(ts)) for name, ts in times.items()}
 
 

@@ -50,7 +50,6 @@ import copy
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -59,7 +58,14 @@ import transformers
 from torch import Tensor
 from tqdm import tqdm
 
-from attnlab.bench.common import Record, Timing, fill_ratios, peak_memory_mb, write_json
+from attnlab.bench.common import (
+    Record,
+    Timing,
+    fill_ratios,
+    peak_memory_mb,
+    time_call,
+    write_json,
+)
 from attnlab.bench.hf import (
     BASELINE,
     add_options,
@@ -134,11 +140,6 @@ class Decoder:
         self.next_pos += 1  # in place: nothing allocated before a traced step is freed in it
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def alternate(fns: Mapping[str, Callable[[], object]], rounds: int, per_round: int = 1,
               device: torch.device | str = "cpu") -> dict[str, Timing]:
     """Time candidates round-robin: each of ``rounds`` rounds runs every candidate in turn,
@@ -149,12 +150,7 @@ def alternate(fns: Mapping[str, Callable[[], object]], rounds: int, per_round: i
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            for _ in range(per_round):
-                _sync(device)
-                start = time.perf_counter()
-                fn()
-                _sync(device)
-                times[name].append((time.perf_counter() - start) * 1e3)
+            times[name] += [time_call(fn, device) for _ in range(per_round)]
     return {name: Timing(tuple(ts)) for name, ts in times.items()}
 
 
