@@ -14,6 +14,7 @@ CORES = {
     "sea-skip3": ("sea", {**SEA_SPARSE, "query_skip": 3}),
     "performer": ("performer", None),
     "reformer": ("reformer", None),
+    "window": ("window", {"sinks": 2, "window": 5}),
 }
 
 
@@ -49,7 +50,8 @@ def test_generate_with_the_cache_equals_generate_without(family):
 
 
 @pytest.mark.parametrize(("family", "core"), [
-    *((family, core) for family in CAUSAL for core in ("sdpa", "performer", "reformer", "sea")),
+    *((family, core) for family in CAUSAL
+      for core in ("sdpa", "performer", "reformer", "sea", "window")),
 ])
 def test_left_padded_generation_equals_the_unpadded_prompt(family, core):
     model = converted(family, *CORES[core])

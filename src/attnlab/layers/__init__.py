@@ -15,6 +15,7 @@ from attnlab.layers import (  # noqa: F401  (registration)
     sea,
     sigma_moe,
     switchhead,
+    window,
 )
 from attnlab.layers.attention import Attention, AttentionConfig, AttentionOutput, LayerCache
 from attnlab.layers.base import (

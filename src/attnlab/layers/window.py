@@ -1,0 +1,77 @@
+"""``window`` core: attention sinks plus a sliding window (StreamingLLM), training-free.
+
+Each query attends to the first ``sinks`` real keys and the last ``window`` real keys up to
+itself (:func:`attnlab.ops.attention.window_attention`), exact softmax over those. A
+reference point for SEA: a fixed, content-blind selection of ``sinks + window`` keys per row.
+
+Decoding needs no state of its own: a step reads the sink keys and the window's keys from the
+layer's (or the Hugging Face model's) KV cache, so its cost does not grow with the context.
+That cache itself still holds every key: the core reads from it, it does not trim it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torch import Tensor
+
+from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
+from attnlab.layers.registry import CORES
+from attnlab.ops.attention.window import window_attention
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowOptions:
+    """``sinks``: first real keys every query attends to (StreamingLLM's 4); ``window``: the
+    latest real keys (the query's own included)."""
+
+    sinks: int = 4
+    window: int = 1024
+
+    def validate(self) -> None:
+        if self.sinks < 0:
+            raise ValueError(f"sinks must be >= 0, got {self.sinks}")
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1 key, got {self.window}")
+
+
+class WindowCore(AttentionCore):
+    """Causal sink + sliding-window attention over the layer's q, k, v."""
+
+    causal = True
+
+    def __init__(self, options: WindowOptions) -> None:
+        super().__init__()
+        self.sinks, self.window = options.sinks, options.window
+
+    def extra_repr(self) -> str:
+        return f"sinks={self.sinks}, window={self.window}"
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        scale: float,
+        key_padding_mask: Tensor | None = None,
+        score_bias: Tensor | None = None,
+        state: Any = None,
+    ) -> CoreOutput:
+        """q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k, v ``[B, Hk, Tk, D]`` ->
+        ``[B, H, Tq, D]``; ``key_padding_mask`` ``[B, Tk]``, True = real key."""
+        if score_bias is not None:
+            raise ValueError("the window core cannot add a score bias (e.g. positions 'xl'); "
+                             "use positions 'rope', 'learned' or 'none'")
+        return CoreOutput(window_attention(q, k, v, scale=scale, sinks=self.sinks,
+                                           window=self.window,
+                                           key_padding_mask=key_padding_mask))
+
+
+@CORES.register("window", WindowOptions)
+def _window(ctx: LayerContext, options: WindowOptions, dropout: float) -> WindowCore:
+    """Attention sinks + a sliding window (StreamingLLM): a fixed selection of keys."""
+    if not ctx.causal:
+        raise ValueError("the window core is causal (StreamingLLM); use it in a decoder")
+    return WindowCore(options)

@@ -1,0 +1,104 @@
+"""Attention sinks plus a sliding window (StreamingLLM): each query attends to the first
+``sinks`` real keys and the last ``window`` real keys up to itself, with exact softmax.
+
+Keys are counted by *rank* among the real (unpadded) keys, so padding never moves a row's
+window. :func:`window_attention` works in blocks of queries, each reading only the sink keys
+and the keys its window spans (O(T * (sinks + window)) work and memory);
+:func:`window_attention_naive` is the dense-mask reference.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnlab.ops.attention.masks import expand_kv_heads
+
+QUERY_BLOCK = 256
+
+
+def _ranks(key_padding_mask: Tensor | None, b: int, t_k: int, device: torch.device) -> Tensor:
+    """``[B, Tk]`` rank of each key among the real keys (padding keys get -1)."""
+    if key_padding_mask is None:
+        return torch.arange(t_k, device=device).expand(b, t_k)
+    counts = key_padding_mask.long().cumsum(-1)
+    return torch.where(key_padding_mask, counts - 1, -1)
+
+
+def _allowed(ranks: Tensor, q_pos: Tensor, k_pos: Tensor, sinks: int, window: int) -> Tensor:
+    """``[B, 1, Tq', Tk']`` bool: real key, not after the query, a sink or within the window.
+    ranks ``[B, Tk]`` (of all keys); q_pos, k_pos: positions of the queries and keys used. A
+    padded query's window ends at the last real key before it."""
+    rank_q = ((ranks + 1).cummax(-1).values - 1)[:, q_pos].clamp_min(0)[:, :, None]
+    rank_k = ranks[:, k_pos][:, None, :]
+    ok = (rank_k >= 0) & (k_pos[None, None, :] <= q_pos[None, :, None])
+    ok &= (rank_k < sinks) | (rank_q - rank_k < window)
+    return ok[:, None]
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float) -> Tensor:
+    """Exact masked softmax attention; a row with no allowed key outputs 0."""
+    h = q.shape[1]
+    scores = (q @ expand_kv_heads(k, h).transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return probs @ expand_kv_heads(v, h)
+
+
+def _position(counts: Tensor, rank: Tensor) -> Tensor:
+    """``[B]`` position of the key of ``rank`` ``[B]`` (clamped at 0) in each row: the first
+    position whose running count of real keys exceeds it (``Tk`` when the row has fewer)."""
+    target = rank.clamp_min(0).to(counts.device)[:, None] + 1
+    return torch.searchsorted(counts.contiguous(), target).squeeze(-1)
+
+
+def _check(sinks: int, window: int) -> None:
+    if sinks < 0:
+        raise ValueError(f"sinks must be >= 0, got {sinks}")
+    if window < 1:
+        raise ValueError(f"window must be >= 1 key, got {window}")
+
+
+def window_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, scale: float, sinks: int, window: int,
+    key_padding_mask: Tensor | None = None,
+) -> Tensor:
+    """Causal sink + sliding-window attention.
+
+    q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k, v ``[B, Hk, Tk, D]`` (``Hk``
+    divides ``H``), key_padding_mask ``[B, Tk]`` (True = real key) -> ``[B, H, Tq, Dv]``.
+    """
+    _check(sinks, window)
+    b, t_q, t_k = q.shape[0], q.shape[-2], k.shape[-2]
+    ranks = _ranks(key_padding_mask, b, t_k, q.device)
+    counts = (ranks + 1).cummax(-1).values  # real keys up to each position
+    sink_end = 0 if sinks == 0 else int(_position(counts, torch.full((b,), sinks - 1)).max()) + 1
+    out = []
+    for start in range(0, t_q, QUERY_BLOCK):
+        stop = min(start + QUERY_BLOCK, t_q)
+        first_q = t_k - t_q + start
+        lo = int(_position(counts, counts[:, first_q] - window).min())
+        hi = t_k - t_q + stop
+        k_pos = torch.arange(lo, hi, device=q.device)
+        if sink_end > lo:
+            k_pos = torch.arange(0, hi, device=q.device)
+        elif sink_end:
+            k_pos = torch.cat((torch.arange(0, sink_end, device=q.device), k_pos))
+        q_pos = torch.arange(first_q, hi, device=q.device)
+        allowed = _allowed(ranks, q_pos, k_pos, sinks, window)
+        out.append(_attend(q[..., start:stop, :], k[..., k_pos, :], v[..., k_pos, :], allowed,
+                           scale))
+    return torch.cat(out, dim=-2)
+
+
+def window_attention_naive(
+    q: Tensor, k: Tensor, v: Tensor, *, scale: float, sinks: int, window: int,
+    key_padding_mask: Tensor | None = None,
+) -> Tensor:
+    """Reference of :func:`window_attention`: the dense ``[B, 1, Tq, Tk]`` mask."""
+    _check(sinks, window)
+    b, t_q, t_k = q.shape[0], q.shape[-2], k.shape[-2]
+    ranks = _ranks(key_padding_mask, b, t_k, q.device)
+    allowed = _allowed(ranks, torch.arange(t_k - t_q, t_k, device=q.device),
+                       torch.arange(t_k, device=q.device), sinks, window)
+    return _attend(q, k, v, allowed, scale)

@@ -1,0 +1,66 @@
+"""Sink + sliding-window attention: blocked fast path vs the dense reference, by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.ops.attention import window as window_module
+from attnlab.ops.attention.window import window_attention, window_attention_naive
+from attnlab.utils.testing import assert_close
+
+F64 = torch.float64
+
+
+def _qkv(b=2, h=4, hk=2, t_q=37, t_k=37, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, t_q, 8, generator=gen, dtype=F64)
+    k, v = (torch.randn(b, hk, t_k, 8, generator=gen, dtype=F64) for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize(("sinks", "window"), [(0, 1), (2, 5), (4, 16), (3, 100)])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("t_q", [37, 3])  # a full pass, and the last queries (a cache)
+def test_blocks_match_the_dense_reference(monkeypatch, sinks, window, padded, t_q):
+    monkeypatch.setattr(window_module, "QUERY_BLOCK", 8)  # several blocks
+    q, k, v = _qkv(t_q=t_q)
+    mask = None
+    if padded:
+        mask = torch.ones(2, 37, dtype=torch.bool)
+        mask[0, 10:14] = False  # a hole inside the sequence
+        mask[1, :6] = False  # left padding
+    kw = dict(scale=0.3, sinks=sinks, window=window, key_padding_mask=mask)
+    assert_close("window", window_attention_naive(q, k, v, **kw), window_attention(q, k, v, **kw),
+                 1e-13)
+
+
+def test_a_row_attends_to_its_sinks_and_its_window_only():
+    """With v the one-hot of each key's position, the output weights show which keys a row
+    reads: row 10 with 2 sinks and a window of 3 reads keys 0, 1, 8, 9, 10."""
+    t = 12
+    q = torch.zeros(1, 1, t, 4, dtype=F64)  # equal scores: uniform over the allowed keys
+    k = torch.randn(1, 1, t, 4, dtype=F64)
+    v = torch.eye(t, dtype=F64)[None, None]
+    out = window_attention(q, k, v, scale=1.0, sinks=2, window=3)
+    assert out[0, 0, 10].nonzero().flatten().tolist() == [0, 1, 8, 9, 10]
+    torch.testing.assert_close(out[0, 0, 10].sum(), torch.tensor(1.0, dtype=F64))
+    assert out[0, 0, 1].nonzero().flatten().tolist() == [0, 1]  # causal
+
+
+def test_future_keys_do_not_change_the_past():
+    q, k, v = _qkv()
+    out = window_attention(q, k, v, scale=0.3, sinks=2, window=5)
+    k2, v2 = k.clone(), v.clone()
+    k2[..., 20:, :] += 3.0
+    v2[..., 20:, :] -= 2.0
+    changed = window_attention(q, k2, v2, scale=0.3, sinks=2, window=5)
+    torch.testing.assert_close(changed[..., :20, :], out[..., :20, :], rtol=0, atol=0)
+
+
+def test_bad_sizes_are_refused():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        window_attention(q, k, v, scale=0.3, sinks=2, window=0)
+    with pytest.raises(ValueError, match="sinks must be >= 0"):
+        window_attention_naive(q, k, v, scale=0.3, sinks=-1, window=4)
