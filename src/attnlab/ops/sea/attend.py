@@ -2,9 +2,10 @@
 decompression into runs of keys (at most ``cap`` per bin), softmax over those keys per head.
 
 :func:`selected_attention` runs it in one native CPU kernel when it can (``group="heads"``,
-CPU float32/float64, no autograd: selection and attention per row, nothing materialised) and
-otherwise as :func:`~attnlab.ops.sea.select_cell_list` + :func:`~attnlab.ops.sea.cell_runs` +
-:func:`~attnlab.ops.sparse_attention.run_attention` over blocks of rows;
+CPU float32, float64 or bfloat16, no autograd: selection and attention per row, nothing
+materialised) and otherwise as :func:`~attnlab.ops.sea.select_cell_list` +
+:func:`~attnlab.ops.sea.cell_runs` + :func:`~attnlab.ops.sparse_attention.run_attention`
+over blocks of rows;
 :func:`selected_attention_naive` is the dense-mask reference.
 """
 

@@ -6,8 +6,8 @@ reads rank ``lo + floor(o * width / count)`` (``lo + o`` when nothing is thinned
 key position by an optional ``rank_to_pos`` (ranks count real keys only, under padding).
 
 :func:`run_attention` computes it with the native CPU kernel (:mod:`.native`: keys read in
-place, an online softmax per head, no gathered copies) when the inputs allow (CPU, float32 or
-float64, no autograd), and otherwise expands the runs (:func:`run_keys`) for
+place, an online softmax per head, no gathered copies) when the inputs allow (CPU, float32,
+float64 or bfloat16, no autograd), and otherwise expands the runs (:func:`run_keys`) for
 :func:`~attnlab.ops.sparse_attention.cell_attention`. :func:`run_attention_naive` is the dense
 reference.
 """
