@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import Tensor
 
+from attnlab.config import ConfigError
 from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
 from attnlab.layers.registry import CORES
 from attnlab.ops.attention.window import window_attention
@@ -73,5 +74,7 @@ class WindowCore(AttentionCore):
 def _window(ctx: LayerContext, options: WindowOptions, dropout: float) -> WindowCore:
     """Attention sinks + a sliding window (StreamingLLM): a fixed selection of keys."""
     if not ctx.causal:
-        raise ValueError("the window core is causal (StreamingLLM); use it in a decoder")
+        raise ConfigError("the window core is causal (StreamingLLM): use it in a causal model, "
+                          "or another core (sdpa, eager, sea, performer) for bidirectional "
+                          "attention")
     return WindowCore(options)
