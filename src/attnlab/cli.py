@@ -213,25 +213,6 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
     return print_records(records, args.json)
 
 
-def cmd_bench_hf(args: argparse.Namespace) -> int:
-    import yaml
-
-    try:
-        from attnlab.bench import hf
-    except ImportError as err:  # no transformers
-        raise SystemExit(f"error: {err}") from err
-    records = hf.run(
-        args.model, gguf_file=args.gguf_file,
-        cores=[yaml.safe_load(c) for c in args.core] or ["sea"], seq_lens=args.seq_lens,
-        batch=args.batch, new_tokens=args.new_tokens, reps=args.reps, json_path=args.json,
-        device=args.device,
-    )
-    print_records(records, args.json)
-    print()
-    print(hf.format_summary(records))
-    return 0
-
-
 def _yaml_core(text: str) -> object:
     """A ``--core`` value: a name or a YAML mapping; ``ValueError`` for invalid YAML."""
     import yaml
@@ -240,6 +221,32 @@ def _yaml_core(text: str) -> object:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ValueError(f"--core {text!r} is not valid YAML: {err}") from err
+
+
+def _bench_error(err: Exception) -> int:
+    """A user mistake in a bench command's arguments: one ``error:`` line, exit status 2."""
+    print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+    return 2
+
+
+def cmd_bench_hf(args: argparse.Namespace) -> int:
+    try:
+        from attnlab.bench import hf
+    except ImportError as err:  # no transformers
+        raise SystemExit(f"error: {err}") from err
+    try:
+        records = hf.run(
+            args.model, gguf_file=args.gguf_file,
+            cores=[_yaml_core(c) for c in args.core] or ["sea"], seq_lens=args.seq_lens,
+            batch=args.batch, new_tokens=args.new_tokens, reps=args.reps, json_path=args.json,
+            device=args.device,
+        )
+    except ValueError as err:  # ConfigError is a ValueError
+        return _bench_error(err)
+    print_records(records, args.json)
+    print()
+    print(hf.format_summary(records))
+    return 0
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
@@ -256,9 +263,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
             device=args.device, json_path=args.json, plot_path=args.plot,
         )
     except (ValueError, ImportError) as err:  # ConfigError is a ValueError
-        message = " ".join(str(err).split())
-        print(f"error: {message}", file=sys.stderr)
-        return 2
+        return _bench_error(err)
     print(serve_report.format_summary(records))
     for path in (args.json, args.plot):
         if path:
