@@ -19,7 +19,7 @@ from torch import Tensor
 from attnlab.config import ConfigError
 from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
 from attnlab.layers.registry import CORES
-from attnlab.ops.attention.window import window_attention
+from attnlab.ops.attention.window import check_window, window_attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,10 +31,7 @@ class WindowOptions:
     window: int = 1024
 
     def validate(self) -> None:
-        if self.sinks < 0:
-            raise ValueError(f"sinks must be >= 0, got {self.sinks}")
-        if self.window < 1:
-            raise ValueError(f"window must be >= 1 key, got {self.window}")
+        check_window(self.sinks, self.window)
 
 
 class WindowCore(AttentionCore):

@@ -25,11 +25,12 @@ def _ranks(key_padding_mask: Tensor | None, b: int, t_k: int, device: torch.devi
     return torch.where(key_padding_mask, counts - 1, -1)
 
 
-def _allowed(ranks: Tensor, q_pos: Tensor, k_pos: Tensor, sinks: int, window: int) -> Tensor:
+def _allowed(ranks: Tensor, counts: Tensor, q_pos: Tensor, k_pos: Tensor, sinks: int,
+             window: int) -> Tensor:
     """``[B, 1, Tq', Tk']`` bool: real key, not after the query, a sink or within the window.
-    ranks ``[B, Tk]`` (of all keys); q_pos, k_pos: positions of the queries and keys used. A
-    padded query's window ends at the last real key before it."""
-    rank_q = ((ranks + 1).cummax(-1).values - 1)[:, q_pos].clamp_min(0)[:, :, None]
+    ranks, counts ``[B, Tk]`` (:func:`_ranks`, :func:`_counts`); q_pos, k_pos: positions of
+    the queries and keys used. A padded query's window ends at the last real key before it."""
+    rank_q = (counts[:, q_pos] - 1).clamp_min(0)[:, :, None]
     rank_k = ranks[:, k_pos][:, None, :]
     ok = (rank_k >= 0) & (k_pos[None, None, :] <= q_pos[None, :, None])
     ok &= (rank_k < sinks) | (rank_q - rank_k < window)
@@ -45,6 +46,11 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float) -> T
     return probs @ expand_kv_heads(v, h)
 
 
+def _counts(ranks: Tensor) -> Tensor:
+    """``[B, Tk]`` real keys up to and including each position."""
+    return (ranks + 1).cummax(-1).values
+
+
 def _position(counts: Tensor, rank: Tensor) -> Tensor:
     """``[B]`` position of the key of ``rank`` ``[B]`` (clamped at 0) in each row: the first
     position whose running count of real keys exceeds it (``Tk`` when the row has fewer)."""
@@ -52,7 +58,8 @@ def _position(counts: Tensor, rank: Tensor) -> Tensor:
     return torch.searchsorted(counts.contiguous(), target).squeeze(-1)
 
 
-def _check(sinks: int, window: int) -> None:
+def check_window(sinks: int, window: int) -> None:
+    """``ValueError`` unless ``sinks >= 0`` and ``window >= 1``."""
     if sinks < 0:
         raise ValueError(f"sinks must be >= 0, got {sinks}")
     if window < 1:
@@ -68,10 +75,10 @@ def window_attention(
     q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k, v ``[B, Hk, Tk, D]`` (``Hk``
     divides ``H``), key_padding_mask ``[B, Tk]`` (True = real key) -> ``[B, H, Tq, Dv]``.
     """
-    _check(sinks, window)
+    check_window(sinks, window)
     b, t_q, t_k = q.shape[0], q.shape[-2], k.shape[-2]
     ranks = _ranks(key_padding_mask, b, t_k, q.device)
-    counts = (ranks + 1).cummax(-1).values  # real keys up to each position
+    counts = _counts(ranks)
     sink_end = 0 if sinks == 0 else int(_position(counts, torch.full((b,), sinks - 1)).max()) + 1
     out = []
     for start in range(0, t_q, QUERY_BLOCK):
@@ -85,7 +92,7 @@ def window_attention(
         elif sink_end:
             k_pos = torch.cat((torch.arange(0, sink_end, device=q.device), k_pos))
         q_pos = torch.arange(first_q, hi, device=q.device)
-        allowed = _allowed(ranks, q_pos, k_pos, sinks, window)
+        allowed = _allowed(ranks, counts, q_pos, k_pos, sinks, window)
         out.append(_attend(q[..., start:stop, :], k[..., k_pos, :], v[..., k_pos, :], allowed,
                            scale))
     return torch.cat(out, dim=-2)
@@ -96,9 +103,9 @@ def window_attention_naive(
     key_padding_mask: Tensor | None = None,
 ) -> Tensor:
     """Reference of :func:`window_attention`: the dense ``[B, 1, Tq, Tk]`` mask."""
-    _check(sinks, window)
+    check_window(sinks, window)
     b, t_q, t_k = q.shape[0], q.shape[-2], k.shape[-2]
     ranks = _ranks(key_padding_mask, b, t_k, q.device)
-    allowed = _allowed(ranks, torch.arange(t_k - t_q, t_k, device=q.device),
+    allowed = _allowed(ranks, _counts(ranks), torch.arange(t_k - t_q, t_k, device=q.device),
                        torch.arange(t_k, device=q.device), sinks, window)
     return _attend(q, k, v, allowed, scale)
