@@ -271,6 +271,34 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_long_context(args: argparse.Namespace) -> int:
+    try:
+        from attnlab.evals import long_context
+    except ImportError as err:  # no transformers
+        raise SystemExit(f"error: {err}") from err
+    cfg = long_context.LongContextConfig(
+        lengths=tuple(args.lengths), tasks=tuple(args.tasks), corpus=args.corpus,
+        split=args.split, stride=args.stride, ppl_tokens=args.ppl_tokens,
+        depths=tuple(args.depths), prompts=args.prompts, seed=args.seed)
+    if args.json:
+        _check_writable(Path(args.json))
+    result = long_context.run(args.model, args.variant, cfg, gguf_file=args.gguf_file,
+                              device=args.device, json_path=args.json, progress=not args.quiet)
+    print(long_context.format_table(result))
+    if args.json:
+        print(f"saved {args.json}")
+    return 0
+
+
+def _check_writable(path: Path) -> None:
+    """``ConfigError`` before any work when ``path``'s folder cannot take the file."""
+    from attnlab.config import ConfigError
+
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir() or (folder.exists() and not folder.is_dir()):
+        raise ConfigError(f"cannot write {path}: not a file path")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from attnlab.demo import run_demo
     from attnlab.report import compact_table
@@ -457,6 +485,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="decode tokens/s vs context length (needs matplotlib: attnlab[plot])")
     p.set_defaults(func=cmd_bench_serve)
+
+    p = sub.add_parser(
+        "long-context", help="perplexity and passkey retrieval at long contexts of a Hugging "
+                             "Face model and its variants (window, oracle, SEA students)",
+        description="Sliding-window perplexity on whole held-out documents and passkey "
+                    "retrieval (greedy) at each length, for the original model and each "
+                    "--variant, side by side on the same tokens and prompts.")
+    p.add_argument("--model", required=True, metavar="FOLDER", help="Hugging Face model folder")
+    p.add_argument("--gguf-file", default=None, metavar="NAME",
+                   help="a GGUF file in --model to load, e.g. SmolLM2-135M-Instruct.Q4_1.gguf")
+    p.add_argument("--variant", action="append", default=[], metavar="YAML",
+                   help="'original', a core with options ('{name: window, sinks: 4, window: "
+                        "252}', '{name: oracle, k: 256}') or a distilled student ('{name: sea, "
+                        "student: OUT/student, k: 256}'); repeatable (default: original)")
+    p.add_argument("--tasks", type=_csv(str), default=["perplexity", "passkey"],
+                   metavar="T1,T2", help="perplexity, passkey")
+    p.add_argument("--lengths", type=_csv(int), default=[2048, 4096, 8192], metavar="T1,T2,...")
+    p.add_argument("--corpus", default="shakespeare",
+                   help="built-in corpus of the perplexity documents (shakespeare, wiki, "
+                        "pystdlib)")
+    p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
+    p.add_argument("--stride", type=float, default=0.5,
+                   help="sliding-window stride as a fraction of the length")
+    p.add_argument("--ppl-tokens", type=int, default=16384,
+                   help="perplexity targets per length")
+    p.add_argument("--depths", type=_csv(float), default=[0.1, 0.5, 0.9], metavar="D1,D2,...",
+                   help="passkey depths (fractions of the filler before the key)")
+    p.add_argument("--prompts", type=int, default=20, help="passkey prompts per length x depth")
+    p.add_argument("--seed", type=int, default=0, help="passkey keys")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", default=None, metavar="FILE", help="save the records as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_long_context)
 
     p = sub.add_parser("report", help="the report of runs and benchmarks: Markdown, PNG, JSON")
     p.add_argument("paths", nargs="*", metavar="PATH",

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 import transformers
 
 import attnlab.hf
+from attnlab.data.tokenizers import train_bpe
 
 CAUSAL = ["llama", "opt", "gpt2"]
 FAMILIES = [*CAUSAL, "bert"]
@@ -62,3 +64,28 @@ def outputs(model, ids, mask=None):
 def token_ids(batch: int = 2, length: int = 24, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(3, VOCAB, (batch, length), generator=gen)
+
+
+TOKENIZER_VOCAB = 320  # the byte-level tokenizer's 256 bytes, a few merges and 4 special tokens
+
+
+def tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """A byte-level BPE fast tokenizer of :data:`TOKENIZER_VOCAB` ids (any text encodes)."""
+    bpe = train_bpe(["the quick brown fox jumps over the lazy dog"] * 4, 270)
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=bpe._tokenizer, pad_token="[PAD]", cls_token="[CLS]",
+        sep_token="[SEP]", unk_token="[UNK]")
+
+
+def save_model(family: str, folder: Path, tokenizer, **config) -> Path:
+    """A tiny random float32 model of ``family`` sized for ``tokenizer``'s vocabulary, saved
+    with it in ``folder`` (``config``: overrides, e.g. ``max_position_embeddings``)."""
+    cfg = copy.deepcopy(CONFIGS[family])
+    cfg.vocab_size = TOKENIZER_VOCAB
+    for name, value in config.items():
+        setattr(cfg, name, value)
+    torch.manual_seed(0)
+    cls = transformers.AutoModel if family == "bert" else transformers.AutoModelForCausalLM
+    cls.from_config(cfg).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

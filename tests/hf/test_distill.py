@@ -17,42 +17,28 @@ from safetensors.torch import load_file
 import attnlab.hf
 from attnlab.cli import main
 from attnlab.config import ConfigError
-from attnlab.data.tokenizers import train_bpe
 from attnlab.distill import distill, load_distill_config
 from attnlab.distill.hf import HFTokenizer, open_hf_pair, sentence_embeddings
 from attnlab.train import CheckpointError
-from tests.hf.models import CONFIGS
+from tests.hf.models import TOKENIZER_VOCAB, save_model, tiny_tokenizer
 
 SEA = {"name": "sea", "k": 4, "predictor_length": 8}
-VOCAB = 320  # the byte-level tokenizer's 256 bytes, a few merges and 4 special tokens
+VOCAB = TOKENIZER_VOCAB
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    bpe = train_bpe(["the quick brown fox jumps over the lazy dog"] * 4, 270)
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=bpe._tokenizer, pad_token="[PAD]", cls_token="[CLS]",
-        sep_token="[SEP]", unk_token="[UNK]")
-
-
-def _save_teacher(family: str, folder: Path, tokenizer) -> Path:
-    config = copy.deepcopy(CONFIGS[family])
-    config.vocab_size = VOCAB
-    torch.manual_seed(0)
-    cls = transformers.AutoModel if family == "bert" else transformers.AutoModelForCausalLM
-    cls.from_config(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory, tokenizer):
-    return _save_teacher("llama", tmp_path_factory.mktemp("llama"), tokenizer)
+    return save_model("llama", tmp_path_factory.mktemp("llama"), tokenizer)
 
 
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory, tokenizer):
-    return _save_teacher("bert", tmp_path_factory.mktemp("bert"), tokenizer)
+    return save_model("bert", tmp_path_factory.mktemp("bert"), tokenizer)
 
 
 @pytest.fixture

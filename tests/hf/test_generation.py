@@ -15,6 +15,7 @@ CORES = {
     "performer": ("performer", None),
     "reformer": ("reformer", None),
     "window": ("window", {"sinks": 2, "window": 5}),
+    "oracle": ("oracle", {"k": 3}),
 }
 
 
@@ -51,7 +52,7 @@ def test_generate_with_the_cache_equals_generate_without(family):
 
 @pytest.mark.parametrize(("family", "core"), [
     *((family, core) for family in CAUSAL
-      for core in ("sdpa", "performer", "reformer", "sea", "window")),
+      for core in ("sdpa", "performer", "reformer", "sea", "window", "oracle")),
 ])
 def test_left_padded_generation_equals_the_unpadded_prompt(family, core):
     model = converted(family, *CORES[core])

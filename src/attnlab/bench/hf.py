@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -98,22 +99,36 @@ def check_max_length(original: transformers.PreTrainedModel, length: int) -> Non
                           f"{limit}")
 
 
+def model_names(specs: Sequence[PartSpec]) -> list[str]:
+    """The records' name of each converted core: its core name, or with its options when
+    two specs share a core (``window(window=252)``)."""
+    counts = Counter(s.name for s in specs)
+    return [s.name if counts[s.name] == 1 else
+            f"{s.name}({','.join(f'{k}={v}' for k, v in sorted(s.options.items()))})"
+            for s in specs]
+
+
 def side_by_side(original: transformers.PreTrainedModel, specs: Sequence[PartSpec],
                  seed: int = 0) -> dict[str, transformers.PreTrainedModel]:
-    """``{BASELINE: original, core name: a deep copy converted to that core (eval mode)}``,
-    each conversion seeded with ``seed`` (same initial core weights whatever the order)."""
+    """``{BASELINE: original, name: a deep copy converted to that core (eval mode)}`` (names
+    from :func:`model_names`), each conversion seeded with ``seed`` (same initial core
+    weights whatever the order)."""
+    names = model_names(specs)
+    if len(set(names)) != len(names):
+        raise ValueError(f"the same core was given twice: {names}")
     models = {BASELINE: original}
-    for spec in specs:
+    for name, spec in zip(names, specs, strict=True):
         torch.manual_seed(seed)
-        models[spec.name] = attnlab.hf.convert(copy.deepcopy(original), spec.name,
-                                               spec.options).eval()
+        models[name] = attnlab.hf.convert(copy.deepcopy(original), spec.name,
+                                          spec.options).eval()
     return models
 
 
 def add_options(records: Sequence[Record], specs: Sequence[PartSpec]) -> None:
     """Add each converted core's options to the shape of its records (in place). Call it
     after ``fill_ratios``: options are per core, while ratios group records by shape."""
-    options = {s.name: dict(s.options) for s in specs if s.options}
+    options = {name: dict(s.options) for name, s in zip(model_names(specs), specs, strict=True)
+               if s.options}
     for r in records:
         if r.name in options:
             r.shape = {**r.shape, "options": options[r.name]}

@@ -140,6 +140,13 @@ class DocumentSource(CorpusSource):
         """Names of the documents that ``split`` reads from, in reading order."""
         return [piece.document.name for piece in self._plan[split]]
 
+    def read_documents(self, split: str) -> Iterator[tuple[str, str]]:
+        """``(name, text)`` of each document (or piece of one) of ``split``, in order."""
+        for piece in self._plan[split]:
+            with piece.document.open() as fh:
+                blocks = iter_text_blocks(fh, piece.start, piece.end, piece.document.name)
+                yield piece.document.name, "".join(blocks)
+
     def _read(self, split: str) -> Iterator[Chunk]:
         for piece in self._plan[split]:
             with piece.document.open() as fh:

@@ -52,9 +52,9 @@ from attnlab.data.sources import Chunk
 from attnlab.distill.config import DistillRunConfig
 from attnlab.distill.pair import CausalLMPair, DistillPair, Forward, perplexity
 from attnlab.distill.record import LayerRecorder, attention_targets
-from attnlab.distill.student import stretched_rows
 from attnlab.hf.attention import CORE_ATTR
 from attnlab.hf.convert import CONFIG_KEY
+from attnlab.hf.positions import stretched
 from attnlab.layers.base import merge_aux
 from attnlab.utils.io import fsync_dir
 
@@ -257,7 +257,10 @@ class HFPair(DistillPair):
                 "student_folder": STUDENT_DIR}
 
     def export(self, out_dir: Path) -> None:
-        """``OUT/student``: the student and the tokenizer, saved crash-safely."""
+        """``OUT/student``: the student and the tokenizer, saved crash-safely; its config
+        records the distillation length (:func:`attnlab.hf.positions.trained_length`)."""
+
+        getattr(self.student.config, CONFIG_KEY)["trained_seq_len"] = self.seq_len
 
         def write(folder: Path) -> None:
             self.student.save_pretrained(folder)
@@ -287,21 +290,10 @@ class HFCausalPair(HFPair, CausalLMPair):
         return perplexity(total / count, self.corpus.unit, self.corpus.bytes_per_token("valid"))
 
     def extended(self, model: nn.Module, factor: int) -> nn.Module:
-        """``model`` itself (the model reads its own positions, no interpolation), except
-        that a student's SEA position tables, trained on the first ``seq_len`` ranks only,
-        are stretched by nearest neighbour in a copy (rank ``r`` reads row ``r // factor``),
-        as SEA's long-context runs do."""
+        """``model`` at ``factor`` times ``seq_len``: its own positions (no interpolation),
+        SEA position tables stretched (:func:`attnlab.hf.positions.stretched`)."""
         self.check_context(factor)
-        tables = [name for name, _ in model.named_parameters()
-                  if name.endswith("position_table")]
-        if factor == 1 or not tables:
-            return model
-        longer = copy.deepcopy(model)
-        with torch.no_grad():
-            for name in tables:
-                table = longer.get_parameter(name)
-                table.copy_(stretched_rows(table, factor, table.shape[0]))
-        return longer
+        return stretched(model, factor)
 
 
 class HFEncoderPair(HFPair):

@@ -11,9 +11,9 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
 
 from attnlab.config import ConfigError, PartSpec, from_dict, to_dict
+from attnlab.layers.sea.estimator import stretched_rows
 from attnlab.models import DecoderLM
 from attnlab.train.config import RunConfig
 
@@ -68,12 +68,6 @@ def param_groups(model: torch.nn.Module, new: list[str], weight_decay: float,
          "weight_decay": weight_decay if decayed else 0.0}
         for (is_new, decayed), ps in groups.items()
     ]
-
-
-def stretched_rows(table: Tensor, factor: int, rows: int) -> Tensor:
-    """``rows`` rows of ``table`` stretched ``factor`` times by nearest neighbour: row ``r``
-    is ``table[r // factor]`` (SEA's position tables at a longer context)."""
-    return table[torch.arange(rows, device=table.device) // factor]
 
 
 def extend_context(model: DecoderLM, factor: int) -> DecoderLM:

@@ -274,6 +274,8 @@ def load(
         model.hf_quantizer = None
     if saved:
         convert(model, saved["core"], saved["options"], max_seq_len=saved["max_seq_len"])
+        # keep what else the folder recorded (e.g. the distillation length)
+        setattr(model.config, CONFIG_KEY, {**saved, **getattr(model.config, CONFIG_KEY)})
         _load_core_state(model, folder)
     if teacher is not None:
         check_student(model, teacher)

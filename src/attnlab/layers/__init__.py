@@ -8,6 +8,7 @@ from attnlab.layers import (  # noqa: F401  (registration)
     cores,
     mlp,
     moa,
+    oracle,
     performer,
     positions,
     projections,

@@ -12,6 +12,8 @@ PNG figures and ``results.json`` (every figure of the tables and plots) in one f
   ``attention`` / ``attention-layer`` records the time and memory against sequence length,
   others a plain table;
 * ``demo.json`` (written by ``attnlab demo``): the demo's budget and stage times;
+* ``attnlab long-context`` JSON files: the long-context frontier (quality kept against the
+  speed of a ``serve`` bench file, :mod:`attnlab.report.frontier`);
 * a folder holding none of these at its top (e.g. a demo's output): its entries, recursively.
 
 Ratios are only ever taken between records of one bench file (measured side by side in one
@@ -34,6 +36,7 @@ from typing import Any
 from attnlab.bench.attention import format_summary, summarize
 from attnlab.bench.common import Record, format_table, machine_info, read_json
 from attnlab.bench.plot import machine_label, plot_scaling, save_figure
+from attnlab.report import frontier
 from attnlab.report.curves import (
     RunCurves,
     curves_table,
@@ -48,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 SCALING_BENCHES = ("attention-layer", "attention")
 STEP_BENCH = "train"
+LONG_CONTEXT = "long-context"  # attnlab long-context's JSON: the frontier's quality axis
 REPORT_JSON = "results.json"  # what build_report writes; never read back as an input
 
 
@@ -65,6 +69,7 @@ class ReportInputs:
     other: list[Record] = dataclasses.field(default_factory=list)
     machines: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     demo: dict[str, Any] | None = None
+    long_context: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     sources: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -104,6 +109,8 @@ def _collect_one(path: Path, found: ReportInputs, depth: int = 0) -> None:
     payload = json.loads(path.read_text())
     if isinstance(payload, dict) and set(payload) == {"demo"}:
         found.demo = payload["demo"]
+    elif isinstance(payload, dict) and payload.get("bench") == LONG_CONTEXT:
+        found.long_context.append(payload)
     elif isinstance(payload, dict) and "machine" in payload and "results" in payload:
         machine, records = read_json(path)
         found.machines[str(path)] = machine
@@ -498,11 +505,12 @@ def build_report(
 
     figures: dict[str, str] = results["figures"]
 
-    def figure(key: str, name: str, draw) -> None:
+    def figure(key: str, name: str, draw) -> str | None:
         try:
             figures[key] = draw(out / name).name
         except ImportError as err:
             logger.warning("no %s figure: %s", key, err)
+        return figures.get(key)
 
     if rows:
         side = {r["model"]: r["step_ms"] / 1e3 for r in rows if r["step_ms"] is not None}
@@ -548,6 +556,11 @@ def build_report(
             mac_rows, p, f"MACs against measured time\n{label}"))
         if "macs" in figures:
             md += [f"![MACs]({figures['macs']})", "", HOW_TO_READ["macs"], ""]
+    if inputs.long_context:
+        serve = [r for r in inputs.other if r.bench == "serve"]
+        lines, results["frontier"] = frontier.report_section(inputs.long_context, serve,
+                                                             figure, label)
+        md += lines
     if inputs.other:
         md += ["## Other benchmarks", "", format_table(inputs.other), ""]
     md += ["## Machine", "", machine_table(machine), "",

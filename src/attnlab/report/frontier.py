@@ -1,0 +1,200 @@
+"""The long-context frontier: quality kept against serving speed, per context length.
+
+Quality comes from an ``attnlab long-context`` JSON (perplexity ratio and passkey accuracy of
+each variant against the original model), speed from an ``attnlab bench serve`` JSON (decode
+tokens/s and prefill time of each converted core against the original, measured side by
+side). A variant is matched to its serve records by core and keys per row (a SEA student
+runs exactly as fast as the untrained SEA core of the same budget: same shapes, same ops).
+Variants the serve run did not measure keep their quality figures and get no speed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from attnlab.bench.common import Record
+from attnlab.bench.plot import save_figure
+from attnlab.evals.variants import ORIGINAL, parse_variant
+from attnlab.report.curves import new_figure
+
+DECODE_BATCH = 1
+"""The decode batch whose speed the frontier plots (one user, the hardest case for SEA)."""
+
+
+def _speeds(serve: Sequence[Record], dtype: str, batch: int) -> dict[tuple, dict[int, dict]]:
+    """``{(core, keys per row): {seq_len: {decode_speedup, prefill_speedup}}}``."""
+    from attnlab.bench.serve_report import summarize  # imports transformers: only when used
+
+    summary = summarize(serve)
+    options = {r.name: r.shape.get("options", {}) for r in serve}
+    out: dict[tuple, dict[int, dict]] = {}
+    for name, by_dtype in summary.items():
+        core = None if name == ORIGINAL else name.split("(")[0]
+        keys = None if core is None else parse_variant({"name": core, **options[name]}
+                                                       ).keys_per_row
+        cells = out.setdefault((core, keys), {})
+        for b, by_len in by_dtype.get(dtype, {}).items():
+            for seq_len, values in by_len.items():
+                cell = cells.setdefault(int(seq_len), {})
+                if int(b) == batch and "decode_speedup" in values:
+                    cell["decode_speedup"] = values["decode_speedup"]
+                if "prefill_speedup" in values:
+                    cell["prefill_speedup"] = values["prefill_speedup"]
+    return out
+
+
+def frontier_points(long_context: Mapping[str, Any], serve: Sequence[Record], *,
+                    dtype: str = "float32", decode_batch: int = DECODE_BATCH) -> list[dict]:
+    """One point per (variant, length): ``ppl_ratio``, ``passkey`` (accuracy over every
+    depth), ``passkey_prompts``, ``passkey_ratio`` (to the original's), and
+    ``decode_speedup`` / ``prefill_speedup`` where measured."""
+    speeds = _speeds(serve, dtype, decode_batch)
+    variants = {v["label"]: v for v in long_context["variants"]}
+    points: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in long_context["records"]:
+        v = variants[r["variant"]]
+        core = None if v["core"] == ORIGINAL else v["core"]
+        point = points.setdefault((r["variant"], r["seq_len"]), {
+            "variant": r["variant"], "core": v["core"], "keys_per_row": v["keys_per_row"],
+            "seq_len": r["seq_len"], "correct": 0, "passkey_prompts": 0,
+            **speeds.get((core, v["keys_per_row"]), {}).get(r["seq_len"], {})})
+        if r["task"] == "perplexity":
+            point["ppl_ratio"] = r.get("ppl_ratio")
+        else:
+            point["correct"] += r["correct"]
+            point["passkey_prompts"] += r["prompts"]
+    for point in points.values():
+        if point["passkey_prompts"]:
+            point["passkey"] = point["correct"] / point["passkey_prompts"]
+    originals = {p["seq_len"]: p for p in points.values() if p["core"] == ORIGINAL}
+    for point in points.values():
+        ref = originals.get(point["seq_len"], {}).get("passkey")
+        if "passkey" in point and ref:
+            point["passkey_ratio"] = point["passkey"] / ref
+    return list(points.values())
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def frontier_table(points: Sequence[Mapping[str, Any]], decode_batch: int = DECODE_BATCH) -> str:
+    """Markdown: per length and variant, quality against speed."""
+    lines = ["| T | variant | keys/row | ppl x original | passkey | decode speedup "
+             f"(batch {decode_batch}) | prefill speedup |", "|" + "---|" * 7]
+    for p in sorted(points, key=lambda p: (p["seq_len"], p["core"] != ORIGINAL,
+                                           p["keys_per_row"] or 0, p["variant"])):
+        passkey = (f"{p['correct']}/{p['passkey_prompts']}" if p["passkey_prompts"] else "-")
+        lines.append(f"| {p['seq_len']} | {p['variant']} | {p['keys_per_row'] or 'all'} | "
+                     f"{_fmt(p.get('ppl_ratio'), '.3f')} | {passkey} | "
+                     f"{_fmt(p.get('decode_speedup'), '.2f')} | "
+                     f"{_fmt(p.get('prefill_speedup'), '.2f')} |")
+    return "\n".join(lines)
+
+
+MARKERS = {"original": "*", "sea": "o", "window": "s", "oracle": "^", "performer": "D"}
+
+
+def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
+                  path: str | os.PathLike[str], title: str = "",
+                  decode_batch: int = DECODE_BATCH) -> Path:
+    """Quality (perplexity ratio; passkey accuracy) against speed (decode; prefill speedup
+    over the original) at ``seq_len``: one marker per variant, labelled with its keys per
+    row; a variant without a measured speed (the oracle) is a dashed line at its quality.
+    Needs matplotlib."""
+    mine = [p for p in points if p["seq_len"] == seq_len]
+    fig, grid = new_figure(2, width=5.2, height=4.2, nrows=2)
+    rows = (("ppl_ratio", "perplexity x original (lower is better)"),
+            ("passkey", "passkey accuracy (higher is better)"))
+    cols = (("decode_speedup", f"decode speedup over the original (batch {decode_batch})"),
+            ("prefill_speedup", "prefill speedup over the original"))
+    for i, (qkey, qlabel) in enumerate(rows):
+        for j, (skey, slabel) in enumerate(cols):
+            ax = grid[i][j]
+            for p in mine:  # no speed measured (the oracle): its quality as a line
+                unmeasured = all(p.get(k) is None for k, _ in cols)
+                if p.get(qkey) is not None and unmeasured:
+                    ax.axhline(p[qkey], color="grey", lw=1, ls="--")
+                    ax.annotate(f"{p['variant']} (no speed)", (0, p[qkey]),
+                                xycoords=("axes fraction", "data"), xytext=(3, 3),
+                                textcoords="offset points", fontsize=7, color="grey")
+            for core in dict.fromkeys(p["core"] for p in mine):
+                pts = [p for p in mine if p["core"] == core and p.get(qkey) is not None
+                       and p.get(skey) is not None]
+                if not pts:
+                    continue
+                ax.scatter([p[skey] for p in pts], [p[qkey] for p in pts], label=core,
+                           marker=MARKERS.get(core, "x"), s=60)
+                for p in pts:
+                    ax.annotate(str(p["keys_per_row"] or "all"), (p[skey], p[qkey]),
+                                textcoords="offset points", xytext=(5, 4), fontsize=8)
+            ax.axvline(1.0, color="grey", lw=0.8, ls=":")
+            ax.set_xlabel(slabel)
+            ax.set_ylabel(qlabel)
+            ax.grid(alpha=0.3)
+            if i == 0 and j == 0:
+                ax.legend(fontsize=8)
+    fig.suptitle(title or f"quality against speed at {seq_len} tokens", fontsize=10)
+    return save_figure(fig, path)
+
+
+HOW_TO_READ = (
+    "Each marker is one model at this context length, labelled with its keys per row per "
+    "head (all = the original's dense attention): up is more quality kept in the top row "
+    "(perplexity ratio: down is better) and right is faster. Speeds are the serve benchmark's "
+    "ratios to the original measured side by side; quality is measured on the same documents "
+    "and prompts for every model. The oracle computes every score (an upper bound of what a "
+    "selector of that budget can keep, never a fast path).")
+
+
+def merged(results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One result per model: the variants and records of several ``attnlab long-context``
+    runs of the same model (e.g. perplexity and passkey run separately, or one length per
+    run; each run carries its own original, which its ratios refer to). ``ValueError`` when
+    two runs give one label different specs or measure the same cell twice."""
+    by_model: dict[str, dict[str, Any]] = {}
+    for result in results:
+        into = by_model.setdefault(result["model"], {"model": result["model"], "variants": [],
+                                                     "records": []})
+        known = {v["label"]: v for v in into["variants"]}
+        for v in result["variants"]:
+            if v["label"] in known and known[v["label"]] != v:
+                raise ValueError(f"variant {v['label']!r} of {result['model']} has different "
+                                 "specs in two long-context runs; label them apart")
+            if v["label"] not in known:
+                into["variants"].append(v)
+        cells = {(r["variant"], r["task"], r["seq_len"], r.get("depth"))
+                 for r in into["records"]}
+        for r in result["records"]:
+            if (r["variant"], r["task"], r["seq_len"], r.get("depth")) in cells:
+                raise ValueError(f"{r['variant']} {r['task']} at {r['seq_len']} tokens is in "
+                                 "two long-context runs; give each cell once")
+            into["records"].append(r)
+    return list(by_model.values())
+
+
+def report_section(results: Sequence[Mapping[str, Any]], serve: Sequence[Record],
+                   figure: Any, label: str) -> tuple[list[str], list[dict]]:
+    """The report's frontier section (Markdown lines) and its points, for the long-context
+    results (:func:`merged` per model); ``figure(key, file name, draw)`` draws a PNG (see
+    ``build_report``) and records it under ``key``, returning its file name or None."""
+    md: list[str] = ["## Long context: quality kept against serving speed", ""]
+    all_points = []
+    for result in merged(results):
+        points = frontier_points(result, serve)
+        all_points += points
+        md += [f"Model: `{result['model']}`.", "", frontier_table(points), ""]
+        if not serve:
+            md += ["(No `attnlab bench serve` JSON given: no speed axis.)", ""]
+            continue
+        for seq_len in sorted({p["seq_len"] for p in points}):
+            name = figure(f"frontier-{seq_len}", f"frontier-{seq_len}.png",
+                          lambda path, t=seq_len, pts=points: plot_frontier(
+                              pts, t, path, f"quality against speed at {t} tokens\n{label}"))
+            if name:
+                md += [f"![frontier at {seq_len}]({name})", ""]
+        md += [HOW_TO_READ, ""]
+    return md, all_points

@@ -1,0 +1,118 @@
+"""attnlab long-context end to end on a tiny random Llama folder: records, ratios, the
+student variant, the table, and bad input (one error line, exit 2, nothing written)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import attnlab.hf
+from attnlab.cli import main
+from attnlab.config import ConfigError
+from attnlab.evals import long_context
+from attnlab.evals.long_context import LongContextConfig, format_table, run
+from attnlab.evals.models import Models
+from attnlab.evals.variants import parse_variant
+from tests.hf.models import save_model, tiny_tokenizer
+
+SMALL = LongContextConfig(lengths=(256, 320), ppl_tokens=200, depths=(0.1, 0.9), prompts=2)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return save_model("llama", tmp_path_factory.mktemp("llama"), tiny_tokenizer(),
+                      max_position_embeddings=512)
+
+
+@pytest.fixture(scope="module")
+def student(llama, tmp_path_factory):
+    """A SEA student folder whose position tables were 'trained' on 128 ranks."""
+    model = attnlab.hf.convert(attnlab.hf.load(llama), "sea", {"k": 8, "predictor_length": 8})
+    model.config.attnlab["trained_seq_len"] = 128
+    folder = tmp_path_factory.mktemp("student")
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def result(llama, student):
+    variants = ["original", "{name: window, sinks: 2, window: 30}", "{name: oracle, k: 16}",
+                f"{{name: sea, student: {student}, k: 4}}"]
+    return run(llama, variants, SMALL, progress=False)
+
+
+def test_every_variant_has_every_cell_and_ratios_to_the_original(result):
+    records = result["records"]
+    assert len(records) == 4 * 2 * (1 + 2)  # variants x lengths x (perplexity + 2 depths)
+    labels = [v["label"] for v in result["variants"]]
+    assert labels == ["original", "window 32", "oracle 16", "sea student 4"]
+    for r in records:
+        if r["task"] == "perplexity":
+            assert r["tokens"] >= 200 and r["ppl"] > 1 and r["ppl_ratio"] > 0
+            assert r["stride"] == r["seq_len"] // 2
+        else:
+            assert r["prompts"] == 2 and r["inconclusive"]
+            assert r["original_fails"]  # a random model cannot retrieve anything
+    original = [r for r in records if r["variant"] == "original" and r["task"] == "perplexity"]
+    assert all(r["ppl_ratio"] == 1.0 for r in original)
+    window = [r for r in records if r["variant"] == "window 32" and r["task"] == "perplexity"]
+    assert all(r["ppl_ratio"] != 1.0 for r in window)  # a 32-key window changes the model
+
+
+def test_the_table_lists_every_variant_and_marks_small_samples(result):
+    table = format_table(result)
+    assert table.count("| sea student 4 | 4 |") == 2
+    assert "0/2 (original fails)*" in table and "inconclusive" in table
+
+
+def test_a_student_reads_its_trained_positions_stretched(student, llama):
+    variant = parse_variant(f"{{name: sea, student: {student}}}")
+    models = Models(attnlab.hf.load(llama))
+    model = models.build(variant)
+    longer = models.at_length(variant, model, 300)  # ceil(300 / 128) = 3
+    table = next(p for n, p in model.named_parameters() if n.endswith("position_table"))
+    stretched = next(p for n, p in longer.named_parameters() if n.endswith("position_table"))
+    assert stretched[7].equal(table[2]) and not stretched[7].equal(table[7])
+    assert models.at_length(variant, model, 128) is model
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--lengths", "1024"], "outside the model's positions"),
+    (["--variant", "{name: window, window: 400}"], "not fewer than the context"),
+    (["--variant", "{name: window, window: 0}"], "window must be >= 1"),
+    (["--variant", "{name: oracle, kk: 3}"], "kk"),
+    (["--variant", "{name: sea, student: /nonexistent}"], "not a student folder"),
+    (["--lengths", "128"], "a passkey prompt needs at least"),
+    (["--depths", "1.5"], "depth must be between 0 and 1"),
+    (["--tasks", "ppl"], "tasks must be some of"),
+    (["--stride", "1.0"], "stride"),
+])
+def test_bad_input_is_one_error_line_and_writes_nothing(llama, tmp_path, capsys, args, message):
+    out = tmp_path / "out.json"
+    code = main(["long-context", "--model", str(llama), "--json", str(out), "--quiet",
+                 "--lengths", "256", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_no_document_longer_than_the_context_is_an_error(llama, monkeypatch):
+    class Short:
+        def read_documents(self, split):
+            yield "a", "too short"
+
+    monkeypatch.setattr(long_context, "open_source", lambda cfg: Short())
+    with pytest.raises(ConfigError, match="no document of corpus 'shakespeare'"):
+        run(llama, ["original"], LongContextConfig(lengths=(256,), tasks=("perplexity",)),
+            progress=False)
+
+
+def test_the_cli_prints_the_table_and_saves_json(llama, tmp_path, capsys):
+    out = tmp_path / "lc.json"
+    assert main(["long-context", "--model", str(llama), "--lengths", "256", "--tasks",
+                 "perplexity", "--ppl-tokens", "100", "--variant", "original", "--variant",
+                 "{name: oracle, k: 8, label: top8}", "--json", str(out), "--quiet"]) == 0
+    assert "| top8 | 8 | 256 |" in capsys.readouterr().out
+    assert [r["variant"] for r in json.loads(out.read_text())["records"]] == ["original", "top8"]

@@ -1,0 +1,60 @@
+"""Sliding-window perplexity: which targets each window scores, and the sums."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab.evals.perplexity import check_sliding, sliding_perplexity, sliding_windows
+
+
+@pytest.mark.parametrize(("n", "context", "stride"),
+                         [(9, 8, 1), (20, 8, 4), (21, 8, 4), (100, 16, 5), (17, 16, 15)])
+def test_every_late_target_is_scored_once_with_enough_context(n, context, stride):
+    seen = []
+    for w in sliding_windows(n, context, stride):
+        assert 0 <= w.start and w.start + context <= n - 1  # the window's targets exist
+        targets = range(w.score_from, w.start + context + 1)
+        assert all(context - stride + 1 <= p - w.start <= context for p in targets)
+        seen += targets
+    assert seen == list(range(context - stride + 1, n))
+
+
+def test_short_documents_have_no_windows_and_bad_strides_are_refused():
+    assert sliding_windows(8, 8, 4) == []
+    for context, stride in [(8, 0), (8, 8), (1, 1)]:
+        with pytest.raises(ValueError, match="must be"):
+            check_sliding(context, stride)
+
+
+def test_the_sum_is_the_model_s_nll_of_the_scored_targets():
+    """A bigram 'model' (logits of row i from token i only): the result must be its NLL of
+    exactly the scored targets, each predicted from the token before it."""
+    vocab = 11
+    table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0))
+    docs = [torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n))
+            for n in (40, 6, 33)]
+
+    def logits_fn(ids):
+        assert ids.shape == (1, 8)  # always a full context
+        return table[ids]
+
+    scored = sliding_perplexity(logits_fn, docs, context=8, stride=3)
+    expected, count = 0.0, 0
+    for doc in (docs[0], docs[2]):
+        for p in range(8 - 3 + 1, doc.numel()):
+            expected -= F.log_softmax(table[doc[p - 1]], -1)[doc[p]].item()
+            count += 1
+    assert (scored.tokens, scored.documents, scored.skipped) == (count, 2, 1)
+    assert scored.nll == pytest.approx(expected, rel=1e-6)
+    assert scored.ppl == pytest.approx(math.exp(expected / count), rel=1e-6)
+
+
+def test_scoring_stops_after_the_window_that_reaches_max_tokens():
+    docs = [torch.zeros(100, dtype=torch.long)]
+    scored = sliding_perplexity(lambda ids: torch.zeros(1, ids.shape[1], 3), docs, 8, 4,
+                                max_tokens=10)
+    assert scored.tokens == 12  # whole windows of 4 targets: the third one passes 10

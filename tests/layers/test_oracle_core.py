@@ -1,0 +1,63 @@
+"""The ``oracle`` core (exact top-k keys by true score): decoding, padding, positions, config."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.config import ConfigError
+from attnlab.layers import Attention, AttentionConfig
+from tests.layers.test_sea_core import BOUNDS, F64, decode_in_pieces, make_ctx
+
+
+def make_layer(causal=True, positions="rope", core="oracle", **options):
+    spec = {"name": core, **options} if core == "oracle" else core
+    cfg = AttentionConfig(n_heads=4, d_head=8, positions=positions,
+                          projections={"name": "dense", "n_kv_heads": 2},
+                          core={"k": 3, **spec} if core == "oracle" else spec)
+    torch.manual_seed(0)
+    return Attention(make_ctx(causal), cfg).double().eval()
+
+
+@pytest.mark.parametrize("group", ["head", "heads"])
+def test_cached_decoding_equals_full_pass_with_left_padding(group):
+    layer = make_layer(group=group)
+    x = torch.randn(2, 30, 32, dtype=F64)
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    mask[1, :7] = False
+    with torch.no_grad():
+        full = layer(x, key_padding_mask=mask).hidden
+        steps, _ = decode_in_pieces(layer, x, BOUNDS, key_padding_mask=mask)
+    torch.testing.assert_close(steps[mask], full[mask], rtol=0, atol=1e-12)
+
+
+def test_the_future_does_not_change_the_past():
+    layer = make_layer()
+    x = torch.randn(1, 30, 32, dtype=F64)
+    changed = x.clone()
+    changed[:, 20:] += 1.0
+    torch.testing.assert_close(layer(changed).hidden[:, :20], layer(x).hidden[:, :20],
+                               rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("causal", "positions", "dense_core"),
+                         [(True, "rope", "sdpa"), (False, "rope", "sdpa"), (True, "xl", "eager")])
+def test_a_budget_covering_every_key_is_dense_attention(causal, positions, dense_core):
+    layer = make_layer(causal, positions, k=64, group="head")
+    dense = make_layer(causal, positions, core=dense_core)
+    dense.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 30, 32, dtype=F64)
+    torch.testing.assert_close(layer(x).hidden, dense(x).hidden, rtol=0, atol=1e-12)
+
+
+def test_a_small_budget_changes_the_output():
+    x = torch.randn(2, 30, 32, dtype=F64)
+    assert (make_layer(k=2)(x).hidden - make_layer(k=64)(x).hidden).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"k": 0}, "k must be >= 1"), ({"group": "row"}, "group must be one of"),
+])
+def test_bad_options_are_rejected(options, match):
+    with pytest.raises(ConfigError, match=match):
+        make_layer(**options)
