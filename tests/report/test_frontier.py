@@ -10,7 +10,6 @@ from attnlab.bench.common import Record, fill_ratios, write_json
 from attnlab.report import build_report, collect
 from attnlab.report.frontier import frontier_points, frontier_table, merged, plot_frontier
 
-
 OPTIONS = {"sea": {"k": 256, "predictor_length": 64},
            "window(sinks=4,window=252)": {"sinks": 4, "window": 252},
            "window(sinks=4,window=124)": {"sinks": 4, "window": 124}}
