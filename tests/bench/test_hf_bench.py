@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
+import attnlab.hf  # noqa: E402
 from attnlab.bench import hf  # noqa: E402
 from attnlab.bench.common import read_json, read_summary  # noqa: E402
 from attnlab.cli import main  # noqa: E402
@@ -69,3 +70,12 @@ def test_cli(tmp_path, capsys):
     assert "generate tok/s" in capsys.readouterr().out
     assert {r["name"] for r in json.loads(path.read_text())["results"]} == {"original",
                                                                             "performer"}
+
+
+def test_one_core_with_two_option_sets_gets_two_names():
+    specs = hf.core_specs([{"name": "window", "window": 8}, {"name": "window", "window": 16},
+                           "sdpa"])
+    assert hf.model_names(specs) == ["window(window=8)", "window(window=16)", "sdpa"]
+    models = hf.side_by_side(hf.tiny_llama(), specs)
+    assert list(models) == ["original", "window(window=8)", "window(window=16)", "sdpa"]
+    assert [attnlab.hf.cores(m)[0].window for m in list(models.values())[1:3]] == [8, 16]

@@ -19,6 +19,7 @@ from attnlab.cli import main
 from attnlab.config import ConfigError
 from attnlab.distill import distill, load_distill_config
 from attnlab.distill.hf import HFTokenizer, open_hf_pair, sentence_embeddings
+from attnlab.hf.positions import trained_length
 from attnlab.train import CheckpointError
 from tests.hf.models import TOKENIZER_VOCAB, save_model, tiny_tokenizer
 
@@ -75,6 +76,7 @@ def test_llama_teacher_distils_resumes_and_saves_a_loadable_student(llama, cfg, 
         _losses(out)[0])
     student = attnlab.hf.load(out / "student")  # converted, trained cores restored
     assert [type(c).__name__ for c in attnlab.hf.cores(student)] == ["SEACore"] * 2
+    assert trained_length(student) == 16  # its SEA position tables know 16 ranks
     saved = load_file(out / "checkpoints" / "step-00000004" / "model.safetensors")
     for name, value in student.state_dict().items():
         if ".attnlab_core." in name:

@@ -66,16 +66,16 @@ def tiny_llama(seed: int = 0) -> transformers.PreTrainedModel:
 
 
 def core_specs(cores: Sequence[str | dict | PartSpec]) -> list[PartSpec]:
-    """Validated core specs (names or ``{name: ..., option: value}`` mappings); raises
-    ``ConfigError`` for an unknown core or option, or two specs of one name."""
+    """Validated core specs (names or ``{name: ..., option: value}`` mappings; one core may
+    come with several option sets); raises ``ConfigError`` for an unknown core or option, or
+    a spec given twice."""
     specs = [PartSpec.parse(c, f"core {c!r}") if not isinstance(c, PartSpec) else c
              for c in cores]
     for spec in specs:
         CORES.options(spec)
-    names = [s.name for s in specs]
+    names = model_names(specs)
     if not specs or len(set(names)) != len(names) or BASELINE in names:
-        raise ConfigError(f"give one or more cores of distinct names (not {BASELINE!r}), "
-                          f"got {names}")
+        raise ConfigError(f"give one or more distinct cores (not {BASELINE!r}), got {names}")
     return specs
 
 
@@ -114,8 +114,6 @@ def side_by_side(original: transformers.PreTrainedModel, specs: Sequence[PartSpe
     from :func:`model_names`), each conversion seeded with ``seed`` (same initial core
     weights whatever the order)."""
     names = model_names(specs)
-    if len(set(names)) != len(names):
-        raise ValueError(f"the same core was given twice: {names}")
     models = {BASELINE: original}
     for name, spec in zip(names, specs, strict=True):
         torch.manual_seed(seed)
