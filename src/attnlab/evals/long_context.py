@@ -66,16 +66,20 @@ class LongContextConfig:
     def stride_tokens(self, context: int) -> int:
         return max(1, round(self.stride * context))
 
-    def validate(self, max_positions: int) -> None:
+    def validate(self, max_positions: int | None = None) -> None:
+        """``ConfigError`` naming the first bad setting (lengths against ``max_positions``
+        when given)."""
         unknown = set(self.tasks) - set(TASKS)
         if not self.tasks or unknown:
             raise ConfigError(f"tasks must be some of {list(TASKS)}, got {list(self.tasks)}")
         if not self.lengths:
             raise ConfigError("give at least one length")
         for context in self.lengths:
-            if not 2 <= context <= max_positions:
-                raise ConfigError(f"length {context} is outside the model's positions (2 to "
-                                  f"max_position_embeddings {max_positions}; no position "
+            if context < 2:
+                raise ConfigError(f"lengths must be >= 2 tokens, got {context}")
+            if max_positions is not None and context > max_positions:
+                raise ConfigError(f"length {context} is outside the model's positions "
+                                  f"(max_position_embeddings {max_positions}; no position "
                                   "interpolation)")
             try:
                 check_sliding(context, self.stride_tokens(context))
@@ -203,6 +207,7 @@ def run(model_folder: str | Path, variants: Sequence[Any], cfg: LongContextConfi
     labels = [v.label for v in parsed]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"variant labels must differ, got {labels}; set 'label'")
+    cfg.validate()
     for variant in parsed:
         for context in cfg.lengths:
             check_budget(variant, context)
