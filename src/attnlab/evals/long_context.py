@@ -74,6 +74,9 @@ class LongContextConfig:
             raise ConfigError(f"tasks must be some of {list(TASKS)}, got {list(self.tasks)}")
         if not self.lengths:
             raise ConfigError("give at least one length")
+        if not 0 < self.stride < 1:
+            raise ConfigError(f"stride must be a fraction of the context in (0, 1), got "
+                              f"{self.stride}")
         for context in self.lengths:
             if context < 2:
                 raise ConfigError(f"lengths must be >= 2 tokens, got {context}")
@@ -85,9 +88,6 @@ class LongContextConfig:
                 check_sliding(context, self.stride_tokens(context))
             except ValueError as err:
                 raise ConfigError(f"stride {self.stride} at length {context}: {err}") from err
-        if not 0 < self.stride < 1:
-            raise ConfigError(f"stride must be a fraction of the context in (0, 1), got "
-                              f"{self.stride}")
         if self.ppl_tokens < 1 or self.prompts < 1:
             raise ConfigError("ppl_tokens and prompts must be >= 1")
         for depth in self.depths:
