@@ -118,9 +118,10 @@ def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
                 unmeasured = all(p.get(k) is None for k, _ in cols)
                 if p.get(qkey) is not None and unmeasured:
                     ax.axhline(p[qkey], color="grey", lw=1, ls="--")
-                    ax.annotate(f"{p['variant']} (no speed)", (0, p[qkey]),
-                                xycoords=("axes fraction", "data"), xytext=(3, 3),
-                                textcoords="offset points", fontsize=7, color="grey")
+                    ax.annotate(f"{p['variant']} (no speed)", (1, p[qkey]),
+                                xycoords=("axes fraction", "data"), xytext=(-3, 3),
+                                textcoords="offset points", fontsize=7, color="grey",
+                                ha="right")
             for core in dict.fromkeys(p["core"] for p in mine):
                 pts = [p for p in mine if p["core"] == core and p.get(qkey) is not None
                        and p.get(skey) is not None]
@@ -132,6 +133,9 @@ def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
                     ax.annotate(str(p["keys_per_row"] or "all"), (p[skey], p[qkey]),
                                 textcoords="offset points", xytext=(5, 4), fontsize=8)
             ax.axvline(1.0, color="grey", lw=0.8, ls=":")
+            values = [p[qkey] for p in mine if p.get(qkey)]
+            if qkey == "ppl_ratio" and values and max(values) / min(values) > 5:
+                ax.set_yscale("log")  # a collapsed model would flatten every other point
             ax.set_xlabel(slabel)
             ax.set_ylabel(qlabel)
             ax.grid(alpha=0.3)
