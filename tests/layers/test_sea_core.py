@@ -54,6 +54,18 @@ def decode_in_pieces(layer, x, bounds, key_padding_mask=None):
 BOUNDS = [0, 11, 12, 16, *range(17, 31)]  # a prefix, a 4-token piece, then token by token
 
 
+def assert_padded_decoding_equals_full_pass(layer):
+    """``layer`` (d_model 32, float64) fed token by token through its cache, with a
+    left-padded row, gives the full pass's outputs on every real token."""
+    x = torch.randn(2, 30, 32, dtype=F64)
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    mask[1, :7] = False
+    with torch.no_grad():
+        full = layer(x, key_padding_mask=mask).hidden
+        steps, _ = decode_in_pieces(layer, x, BOUNDS, key_padding_mask=mask)
+    torch.testing.assert_close(steps[mask], full[mask], rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("inference", [False, True], ids=["autograd", "no_grad"])
 @pytest.mark.parametrize("query_skip", [1, 3])
 @pytest.mark.parametrize("n_kv_heads", [None, 2])

@@ -7,7 +7,7 @@ import torch
 
 from attnlab.config import ConfigError
 from attnlab.layers import Attention, AttentionConfig
-from tests.layers.test_sea_core import BOUNDS, F64, decode_in_pieces, make_ctx
+from tests.layers.test_sea_core import F64, assert_padded_decoding_equals_full_pass, make_ctx
 
 
 def make_layer(causal=True, positions="rope", **options):
@@ -19,14 +19,7 @@ def make_layer(causal=True, positions="rope", **options):
 
 
 def test_cached_decoding_equals_full_pass_with_left_padding():
-    layer = make_layer()
-    x = torch.randn(2, 30, 32, dtype=F64)
-    mask = torch.ones(2, 30, dtype=torch.bool)
-    mask[1, :7] = False
-    with torch.no_grad():
-        full = layer(x, key_padding_mask=mask).hidden
-        steps, _ = decode_in_pieces(layer, x, BOUNDS, key_padding_mask=mask)
-    torch.testing.assert_close(steps[mask], full[mask], rtol=0, atol=1e-12)
+    assert_padded_decoding_equals_full_pass(make_layer())
 
 
 def test_a_long_window_is_dense_attention():
