@@ -1,4 +1,5 @@
-"""The ``attnlab`` command line: train, distill, eval, generate, macs, bench, report, demo."""
+"""The ``attnlab`` command line: train, distill, eval, long-context, generate, macs, bench,
+report, demo."""
 
 from __future__ import annotations
 
