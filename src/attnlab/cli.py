@@ -503,9 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", type=_csv(str), default=["perplexity", "passkey"],
                    metavar="T1,T2", help="perplexity, passkey")
     p.add_argument("--lengths", type=_csv(int), default=[2048, 4096, 8192], metavar="T1,T2,...")
-    p.add_argument("--corpus", default="shakespeare",
-                   help="built-in corpus of the perplexity documents (shakespeare, wiki, "
-                        "pystdlib)")
+    p.add_argument("--corpus", default="shakespeare", choices=["shakespeare", "wiki", "pystdlib"],
+                   help="built-in corpus of the perplexity documents")
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
     p.add_argument("--stride", type=float, default=0.5,
                    help="sliding-window stride as a fraction of the length")
