@@ -64,7 +64,8 @@ def parse_variant(spec: Any) -> Variant:
         try:
             spec = yaml.safe_load(spec)
         except yaml.YAMLError as err:
-            raise ConfigError(f"variant {spec!r} is not valid YAML: {err}") from err
+            problem = getattr(err, "problem", None) or err  # one line, not the marked excerpt
+            raise ConfigError(f"variant {spec!r} is not valid YAML: {problem}") from err
     if spec == ORIGINAL:
         return Variant(ORIGINAL)
     if isinstance(spec, str):
