@@ -312,6 +312,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_model_args(p: argparse.ArgumentParser, required: bool) -> None:
+    """``--model FOLDER`` (optional: a small random Llama) and ``--gguf-file NAME``."""
+    p.add_argument("--model", required=required, default=None, metavar="FOLDER",
+                   help="Hugging Face model folder"
+                        + ("" if required else " (default: a small random Llama)"))
+    p.add_argument("--gguf-file", default=None, metavar="NAME",
+                   help="a GGUF file in --model to load, e.g. SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnlab", description=__doc__)
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
@@ -432,10 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = bench_sub.add_parser("hf", help="a Hugging Face model vs its attnlab-converted copy: "
                                         "forward latency and cached generation")
-    p.add_argument("--model", default=None, metavar="FOLDER",
-                   help="Hugging Face model folder (default: a small random Llama)")
-    p.add_argument("--gguf-file", default=None, metavar="NAME",
-                   help="a GGUF file in --model to load, e.g. SmolLM2-135M-Instruct.Q4_1.gguf")
+    _add_model_args(p, required=False)
     p.add_argument("--core", action="append", default=[], metavar="CORE",
                    help="converted core: a name or YAML with options, e.g. '{name: sea, k: 64, "
                         "predictor_length: 64}' (repeatable; default: sea)")
@@ -456,10 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "core, side by side. A CPU prefill of the original is quadratic in T: at "
                     "T=8192 and batch 8 it takes minutes on SmolLM2-135M, hence "
                     "--prefill-batches 1 by default.")
-    p.add_argument("--model", default=None, metavar="FOLDER",
-                   help="Hugging Face model folder (default: a small random Llama)")
-    p.add_argument("--gguf-file", default=None, metavar="NAME",
-                   help="a GGUF file in --model to load, e.g. SmolLM2-135M-Instruct.Q4_1.gguf")
+    _add_model_args(p, required=False)
     p.add_argument("--core", action="append", default=[], metavar="CORE",
                    help="converted core: a name or YAML with options (repeatable; default: "
                         "'{name: sea, k: 256, predictor_length: 64}')")
@@ -493,9 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Sliding-window perplexity on whole held-out documents and passkey "
                     "retrieval (greedy) at each length, for the original model and each "
                     "--variant, side by side on the same tokens and prompts.")
-    p.add_argument("--model", required=True, metavar="FOLDER", help="Hugging Face model folder")
-    p.add_argument("--gguf-file", default=None, metavar="NAME",
-                   help="a GGUF file in --model to load, e.g. SmolLM2-135M-Instruct.Q4_1.gguf")
+    _add_model_args(p, required=True)
     p.add_argument("--variant", action="append", default=[], metavar="YAML",
                    help="'original', a core with options ('{name: window, sinks: 4, window: "
                         "252}', '{name: oracle, k: 256}') or a distilled student ('{name: sea, "

@@ -63,12 +63,19 @@ class LongContextConfig:
     prompts: int = MIN_PROMPTS
     seed: int = 0
 
+    def check_positions(self, max_positions: int) -> None:
+        """``ConfigError`` for a length beyond the model's positions."""
+        for context in self.lengths:
+            if context > max_positions:
+                raise ConfigError(f"length {context} is outside the model's positions "
+                                  f"(max_position_embeddings {max_positions}; no position "
+                                  "interpolation)")
+
     def stride_tokens(self, context: int) -> int:
         return max(1, round(self.stride * context))
 
-    def validate(self, max_positions: int | None = None) -> None:
-        """``ConfigError`` naming the first bad setting (lengths against ``max_positions``
-        when given)."""
+    def validate(self) -> None:
+        """``ConfigError`` naming the first bad setting."""
         unknown = set(self.tasks) - set(TASKS)
         if not self.tasks or unknown:
             raise ConfigError(f"tasks must be some of {list(TASKS)}, got {list(self.tasks)}")
@@ -80,10 +87,6 @@ class LongContextConfig:
         for context in self.lengths:
             if context < 2:
                 raise ConfigError(f"lengths must be >= 2 tokens, got {context}")
-            if max_positions is not None and context > max_positions:
-                raise ConfigError(f"length {context} is outside the model's positions "
-                                  f"(max_position_embeddings {max_positions}; no position "
-                                  "interpolation)")
             try:
                 check_sliding(context, self.stride_tokens(context))
             except ValueError as err:
@@ -215,7 +218,7 @@ def run(model_folder: str | Path, variants: Sequence[Any], cfg: LongContextConfi
         base = attnlab.hf.load(model_folder, gguf_file=gguf_file)
     except (OSError, attnlab.hf.UnsupportedModelError) as err:
         raise ConfigError(f"model {str(model_folder)!r}: {err}") from err
-    cfg.validate(int(base.config.max_position_embeddings))
+    cfg.check_positions(int(base.config.max_position_embeddings))
     extra = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_folder, **extra)
     torch_device = torch.device(device)
