@@ -151,7 +151,8 @@ HOW_TO_READ = (
     "(perplexity ratio: down is better) and right is faster. Speeds are the serve benchmark's "
     "ratios to the original measured side by side; quality is measured on the same documents "
     "and prompts for every model. The oracle computes every score (an upper bound of what a "
-    "selector of that budget can keep, never a fast path).")
+    "selector of that budget can keep, never a fast path). A passkey point is as sure as its "
+    "prompt count in the table: below 20 prompts per depth it is inconclusive.")
 
 
 def merged(results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
