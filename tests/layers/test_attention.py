@@ -88,7 +88,7 @@ def test_grouped_query_projection_matches_repeated_heads():
     out = layer(x).hidden
     k = p.k.repeat_interleave(2, dim=1)
     v = p.v.repeat_interleave(2, dim=1)
-    q, k = layer.positions.rotate(p.q, k, 0)
+    q, k = layer.positions.rotate(p.q, k, torch.arange(6), torch.arange(6))
     o = softmax_attention(q, k, v, scale=8**-0.5, causal=True)
     expected, _ = layer.projections.output(o, p)
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
@@ -99,7 +99,8 @@ def test_xl_relative_scores_depend_only_on_distance():
     q = torch.randn(1, 4, 3, 8, dtype=torch.float64).expand(1, 4, 3, 8)
     q = q[:, :, :1].expand(1, 4, 3, 8)  # the same query at three positions
     k = torch.zeros(1, 4, 5, 8, dtype=torch.float64)
-    bias = layer.positions.score_bias(q, k, q_offset=2, scale=1.0, qk_prescale=1.0)
+    bias = layer.positions.score_bias(q, k, torch.arange(2, 5), torch.arange(5), scale=1.0,
+                                     qk_prescale=1.0)
     # query i sits at position 2+i; pairs with equal distance share the same bias
     assert torch.allclose(bias[..., 0, 0], bias[..., 1, 1])
     assert torch.allclose(bias[..., 1, 0], bias[..., 2, 1])

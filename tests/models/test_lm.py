@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -35,6 +36,27 @@ def test_cached_decoding_equals_full_forward(positions):
         pieces.append(out.logits)
         cache = out.cache
     assert (torch.cat(pieces, 1) - full).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+def test_a_window_model_decodes_from_a_bounded_cache(positions):
+    """With the ``window`` core the cache stops growing at sinks + window - 1 keys, the
+    positions keep counting, and cached decoding equals the full pass."""
+    model = make_model(positions)
+    model_cfg = dataclasses.replace(model.cfg, attention={
+        "n_heads": 4, "positions": positions, "core": {"name": "window", "sinks": 2,
+                                                         "window": 6}})
+    window = DecoderLM(model_cfg).double().eval()
+    ids = torch.randint(0, 40, (2, 24))
+    full = window(ids).logits
+    out = window(ids[:, :9], use_cache=True)
+    pieces, cache = [out.logits], out.cache
+    for t in range(9, 24):
+        out = window(ids[:, t : t + 1], cache=cache, use_cache=True)
+        pieces.append(out.logits)
+        cache = out.cache
+    assert (torch.cat(pieces, 1) - full).abs().max() < 1e-10
+    assert cache.length == 2 + 5 and cache.next_position == 24
 
 
 @pytest.mark.parametrize("positions", ["xl", "rope"])

@@ -6,7 +6,11 @@ import pytest
 import torch
 
 from attnlab.ops.attention import window as window_module
-from attnlab.ops.attention.window import window_attention, window_attention_naive
+from attnlab.ops.attention.window import (
+    window_attention,
+    window_attention_naive,
+    window_cache_columns,
+)
 from attnlab.utils.testing import assert_close
 
 F64 = torch.float64
@@ -64,3 +68,32 @@ def test_bad_sizes_are_refused():
         window_attention(q, k, v, scale=0.3, sinks=2, window=0)
     with pytest.raises(ValueError, match="sinks must be >= 0"):
         window_attention_naive(q, k, v, scale=0.3, sinks=-1, window=4)
+
+
+def test_cache_columns_are_the_sinks_and_the_last_window_minus_one_keys():
+    assert window_cache_columns(None, 10, sinks=2, window=4).tolist() == [0, 1, 7, 8, 9]
+    assert window_cache_columns(None, 10, sinks=0, window=1).tolist() == []
+    assert window_cache_columns(None, 5, sinks=2, window=4).tolist() == [0, 1, 2, 3, 4]
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[0, :3] = False  # left padding: row 0's sinks are columns 3, 4
+    mask[1, 8:10] = False  # a hole: row 1's last 3 real keys are columns 7, 10, 11
+    kept = window_cache_columns(mask, 12, sinks=2, window=4)
+    assert kept.tolist() == [0, 1, 2, 3, 4, 7, 8, 9, 10, 11]
+
+
+@pytest.mark.parametrize(("sinks", "window"), [(0, 1), (2, 5), (3, 9), (1, 40)])
+@pytest.mark.parametrize("t_new", [1, 4])
+def test_later_queries_read_the_same_from_the_kept_keys(sinks, window, t_new):
+    """Queries after a cache give the same outputs from its kept columns (and the later keys)
+    as from all of them, with left padding and holes."""
+    q, k, v = _qkv(t_q=t_new, t_k=37, seed=3)
+    mask = torch.ones(2, 37, dtype=torch.bool)
+    mask[0, 12:20] = False
+    mask[1, :9] = False
+    kept = window_cache_columns(mask[:, :-t_new], 37 - t_new, sinks=sinks, window=window)
+    columns = torch.cat((kept, torch.arange(37 - t_new, 37)))
+    kw = dict(scale=0.3, sinks=sinks, window=window)
+    full = window_attention(q, k, v, key_padding_mask=mask, **kw)
+    trimmed = window_attention(q, k[..., columns, :], v[..., columns, :],
+                               key_padding_mask=mask[:, columns], **kw)
+    assert_close("window from kept keys", full, trimmed, 1e-13)

@@ -58,25 +58,50 @@ class LayerCache:
 
     k: ``[B, Hk, Tc, D]`` *before* positions are applied; v: ``[B, Hk, Tc, Dv]``;
     key_mask: ``[B, Tc]`` bool (True = real token) or None when all are real;
-    core_state: the core's own decoding state.
+    core_state: the core's own decoding state;
+    positions: ``[Tc]`` long, each cached token's position, or None for ``0..Tc-1``. A core
+    that never attends to some past keys again (``window``) drops them, leaving gaps.
     """
 
     k: Tensor
     v: Tensor
     key_mask: Tensor | None = None
     core_state: Any = None
+    positions: Tensor | None = None
 
     @property
     def length(self) -> int:
+        """Cached tokens (what the cache holds)."""
         return self.k.shape[-2]
 
+    @property
+    def next_position(self) -> int:
+        """Position of the token that follows the cached ones (tokens seen so far)."""
+        return self.length if self.positions is None else int(self.positions[-1]) + 1
+
+    def key_positions(self) -> Tensor:
+        """``[Tc]`` position of each cached token."""
+        if self.positions is not None:
+            return self.positions
+        return torch.arange(self.length, device=self.k.device)
+
+    def selected(self, columns: Tensor) -> LayerCache:
+        """Only the cached tokens at ``columns`` (``[n]`` long, increasing), positions kept."""
+        mask = None if self.key_mask is None else self.key_mask[:, columns]
+        return LayerCache(self.k[..., columns, :], self.v[..., columns, :], mask,
+                          self.core_state, self.key_positions()[columns])
+
     def trimmed(self, max_len: int, detach: bool = True) -> LayerCache:
-        """The last ``max_len`` positions (stateful cores must support trimming themselves)."""
+        """The last ``max_len`` tokens, renumbered from 0 (Transformer-XL memory; stateful
+        cores must support trimming themselves)."""
         k, v = self.k[..., -max_len:, :], self.v[..., -max_len:, :]
         mask = None if self.key_mask is None else self.key_mask[:, -max_len:]
+        positions = None
+        if self.positions is not None:
+            positions = self.positions[-max_len:] - self.positions[-max_len:][0]
         if detach:
             k, v = k.detach(), v.detach()
-        return LayerCache(k, v, mask, self.core_state)
+        return LayerCache(k, v, mask, self.core_state, positions)
 
 
 @dataclasses.dataclass
@@ -92,8 +117,9 @@ class Attention(nn.Module):
     ``forward(x [B, T, d_model], key_padding_mask=None, cache=None, use_cache=False)``:
 
     - ``key_padding_mask``: bool, True = real token, False = padding. Either ``[B, T]`` for
-      the current tokens (the cache keeps its own mask) or ``[B, Tc + T]`` covering cached
-      and current tokens.
+      the current tokens (the cache keeps its own mask) or ``[B, Tc + T]`` covering every
+      token seen (``Tc = cache.next_position``, which counts the keys a ``window`` core's cache
+      dropped) and the current ones.
     - ``cache``: :class:`LayerCache` of earlier tokens; the current tokens follow them.
     - Returns :class:`AttentionOutput` with the new cache when ``use_cache``.
     """
@@ -116,9 +142,11 @@ class Attention(nn.Module):
 
     @staticmethod
     def _key_mask(
-        mask: Tensor | None, cache: LayerCache | None, batch: int, t_new: int
+        mask: Tensor | None, cache: LayerCache | None, batch: int, k_positions: Tensor
     ) -> Tensor | None:
-        t_cached = cache.length if cache is not None else 0
+        """The ``[B, Tk]`` mask of the cached and current keys (``k_positions`` ``[Tk]``)."""
+        t_new = k_positions.shape[0] - (cache.length if cache is not None else 0)
+        seen = cache.next_position if cache is not None else 0
         cached = cache.key_mask if cache is not None else None
         if mask is None:
             if cached is None:
@@ -126,18 +154,17 @@ class Attention(nn.Module):
             mask = torch.ones(batch, t_new, dtype=torch.bool, device=cached.device)
         if mask.dtype != torch.bool:
             raise TypeError(f"key_padding_mask must be bool (True = real token), got {mask.dtype}")
-        lengths = (t_new, t_cached + t_new)
-        if mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] not in lengths:
+        if mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] not in (t_new, seen + t_new):
             raise ValueError(
                 f"key_padding_mask must be [batch={batch}, {t_new}] or "
-                f"[batch={batch}, {t_cached + t_new}] (cached + current), got {tuple(mask.shape)}"
+                f"[batch={batch}, {seen + t_new}] (cached + current), got {tuple(mask.shape)}"
             )
-        if mask.shape[1] == t_cached + t_new:
-            return mask
-        if t_cached == 0:
+        if mask.shape[1] == seen + t_new:
+            return mask if seen + t_new == k_positions.shape[0] else mask[:, k_positions]
+        if seen == 0:
             return mask
         if cached is None:
-            cached = torch.ones(batch, t_cached, dtype=torch.bool, device=mask.device)
+            cached = torch.ones(batch, cache.length, dtype=torch.bool, device=mask.device)
         return torch.cat((cached, mask), dim=1)
 
     def forward(
@@ -151,19 +178,29 @@ class Attention(nn.Module):
         self._check_input(x)
         projected = self.projections.project(x)
         k, v = projected.k, projected.v
+        t_new = x.shape[1]
+        new_positions = torch.arange(t_new, device=x.device)
+        k_positions = new_positions
         if cache is not None:
             k, v = torch.cat((cache.k, k), dim=-2), torch.cat((cache.v, v), dim=-2)
-        mask = self._key_mask(key_padding_mask, cache, x.shape[0], x.shape[1])
-        q_offset = k.shape[-2] - x.shape[1]
-        q_pos, k_pos = self.positions.rotate(projected.q, k, q_offset)
+            new_positions = new_positions + cache.next_position
+            k_positions = torch.cat((cache.key_positions().to(x.device), new_positions))
+        mask = self._key_mask(key_padding_mask, cache, x.shape[0], k_positions)
+        q_pos, k_pos = self.positions.rotate(projected.q, k, new_positions, k_positions)
         scale = self.projections.score_scale
         bias = self.positions.score_bias(
-            q_pos, k_pos, q_offset, scale, self.projections.qk_prescale
+            q_pos, k_pos, new_positions, k_positions, scale, self.projections.qk_prescale
         )
         core_out = self.core(
             q_pos, k_pos, v, scale=scale, key_padding_mask=mask, score_bias=bias,
             state=cache.core_state if cache is not None else None,
         )
         hidden, out_aux = self.projections.output(core_out.out, projected)
-        new_cache = LayerCache(k, v, mask, core_out.state) if use_cache else None
+        new_cache = None
+        if use_cache:
+            gaps = cache is not None and cache.positions is not None
+            new_cache = LayerCache(k, v, mask, core_out.state, k_positions if gaps else None)
+            kept = self.core.cache_columns(mask, k.shape[-2])
+            if kept is not None:
+                new_cache = new_cache.selected(kept)
         return AttentionOutput(hidden, merge_aux(projected.aux, core_out.aux, out_aux), new_cache)

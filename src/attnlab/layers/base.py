@@ -93,14 +93,19 @@ class Projections(nn.Module):
 class Positions(nn.Module):
     """How positions enter attention. Keys are position-free when cached; this part adds them.
 
-    Queries are the last ``Tq`` of the ``Tk`` key positions (``q_offset = Tk - Tq``).
+    ``q_positions [Tq]`` and ``k_positions [Tk]`` (long) are the token positions of the
+    queries and keys: the queries are the last ``Tq`` keys, and a cache that dropped keys (the
+    ``window`` core's) leaves gaps in ``k_positions``.
     """
 
-    def rotate(self, q: Tensor, k: Tensor, q_offset: int) -> tuple[Tensor, Tensor]:
+    def rotate(
+        self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor
+    ) -> tuple[Tensor, Tensor]:
         return q, k
 
     def score_bias(
-        self, q: Tensor, k: Tensor, q_offset: int, scale: float, qk_prescale: float
+        self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor, scale: float,
+        qk_prescale: float,
     ) -> Tensor | None:
         """Additive score bias broadcastable to ``[B, H, Tq, Tk]``, already scaled."""
         return None
@@ -125,3 +130,8 @@ class AttentionCore(nn.Module):
         state: Any = None,
     ) -> CoreOutput:
         raise NotImplementedError
+
+    def cache_columns(self, key_padding_mask: Tensor | None, n_keys: int) -> Tensor | None:
+        """Which of the ``n_keys`` keys (``[B, Tk]`` mask, True = real) a decoding cache must
+        keep for later queries: ``[n]`` increasing column indices, or None for all of them."""
+        return None

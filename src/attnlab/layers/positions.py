@@ -63,7 +63,7 @@ def rotate_half_split(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
 
 
 class RotaryPositions(Positions):
-    """RoPE: q at positions ``q_offset + i``, k at ``0..Tk-1`` (relative by construction)."""
+    """RoPE: each query and key rotated by its own position (relative by construction)."""
 
     def __init__(self, d_head: int, options: RopeOptions) -> None:
         super().__init__()
@@ -75,12 +75,12 @@ class RotaryPositions(Positions):
         inv_freq = options.base ** (-torch.arange(n_pairs, dtype=torch.float32) / n_pairs)
         self.register_buffer("inv_freq", inv_freq / options.interpolation, persistent=False)
 
-    def rotate(self, q: Tensor, k: Tensor, q_offset: int) -> tuple[Tensor, Tensor]:
-        t_q, t_k = q.shape[-2], k.shape[-2]
-        q_pos = torch.arange(q_offset, q_offset + t_q, device=q.device)
-        k_pos = torch.arange(t_k, device=k.device)
+    def rotate(
+        self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor
+    ) -> tuple[Tensor, Tensor]:
         inv_freq = self.inv_freq
-        return rotate_half_split(q, q_pos, inv_freq), rotate_half_split(k, k_pos, inv_freq)
+        return (rotate_half_split(q, q_positions, inv_freq),
+                rotate_half_split(k, k_positions, inv_freq))
 
 
 @POSITIONS.register("rope", RopeOptions)
@@ -123,17 +123,17 @@ class XLRelativePositions(Positions):
             self.u_bias = self.v_bias = None
 
     def score_bias(
-        self, q: Tensor, k: Tensor, q_offset: int, scale: float, qk_prescale: float
+        self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor, scale: float,
+        qk_prescale: float,
     ) -> Tensor:
         t_q, t_k = q.shape[-2], k.shape[-2]
-        lo = 0 if self.causal else -(t_q - 1)  # smallest distance a visible pair can have
-        distances = torch.arange(lo, t_k, device=q.device)
+        rel = q_positions[:, None] - k_positions[None, :]  # [Tq, Tk]
+        lo = 0 if self.causal else int(rel.min())  # smallest distance a visible pair can have
+        distances = torch.arange(lo, max(int(rel.max()), 0) + 1, device=q.device)
         r = self.pos_proj(sinusoid(distances, self.d_model).to(q.dtype)) * qk_prescale
         r = r.view(-1, self.n_heads, self.d_head).transpose(0, 1)  # [H, n_dist, D]
         q_r = q if self.v_bias is None else q + self.v_bias[None, :, None, :]
         by_distance = torch.einsum("bhid,hnd->bhin", q_r, r)  # [B, H, Tq, n_dist]
-        q_pos = torch.arange(t_q, device=q.device)[:, None] + q_offset
-        rel = q_pos - torch.arange(t_k, device=q.device)
         index = (rel - lo).clamp(0, distances.numel() - 1)  # masked pairs may clamp
         bias = by_distance.gather(-1, index.expand(*by_distance.shape[:2], t_q, t_k))
         if self.u_bias is not None:

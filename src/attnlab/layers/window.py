@@ -4,9 +4,13 @@ Each query attends to the first ``sinks`` real keys and the last ``window`` real
 itself (:func:`attnlab.ops.attention.window_attention`), exact softmax over those. A
 reference point for SEA: a fixed, content-blind selection of ``sinks + window`` keys per row.
 
-Decoding needs no state of its own: a step reads the sink keys and the window's keys from the
-layer's (or the Hugging Face model's) KV cache, so its cost does not grow with the context.
-That cache itself still holds every key: the core reads from it, it does not trim it.
+Decoding needs no state of its own. In an attnlab model the layer's KV cache keeps only the
+keys later queries can reach (:meth:`WindowCore.cache_columns`: the sinks and the last
+``window - 1`` keys, with their true positions), so memory and cost per step stop growing with
+the context and cached decoding still equals the full pass. In a Hugging Face model the KV
+cache belongs to the model (transformers' ``DynamicCache``) and keeps every key: the core
+reads only the sinks and the window from it, so the cost of a step is bounded but the memory
+is not (see the README's "window" notes).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from torch import Tensor
 from attnlab.config import ConfigError
 from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
 from attnlab.layers.registry import CORES
-from attnlab.ops.attention.window import check_window, window_attention
+from attnlab.ops.attention.window import check_window, window_attention, window_cache_columns
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +69,11 @@ class WindowCore(AttentionCore):
         return CoreOutput(window_attention(q, k, v, scale=scale, sinks=self.sinks,
                                            window=self.window,
                                            key_padding_mask=key_padding_mask))
+
+
+    def cache_columns(self, key_padding_mask: Tensor | None, n_keys: int) -> Tensor:
+        return window_cache_columns(key_padding_mask, n_keys, sinks=self.sinks,
+                                    window=self.window)
 
 
 @CORES.register("window", WindowOptions)

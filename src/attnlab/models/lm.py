@@ -25,7 +25,13 @@ class ModelCache:
 
     @property
     def length(self) -> int:
+        """Cached tokens per layer (fewer than seen when a ``window`` core dropped some)."""
         return self.layers[0].length if self.layers else 0
+
+    @property
+    def next_position(self) -> int:
+        """Position of the next token: the tokens seen so far."""
+        return self.layers[0].next_position if self.layers else 0
 
     def trimmed(self, max_len: int, detach: bool = True) -> ModelCache:
         return ModelCache([layer.trimmed(max_len, detach) for layer in self.layers])
@@ -115,7 +121,7 @@ class DecoderLM(nn.Module):
             raise ValueError(f"input_ids must be [batch, seq], got {tuple(input_ids.shape)}")
         if input_ids.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"input_ids must be int64 or int32 token ids, got {input_ids.dtype}")
-        total = input_ids.shape[1] + (cache.length if cache is not None else 0)
+        total = input_ids.shape[1] + (cache.next_position if cache is not None else 0)
         if total > self.cfg.max_seq_len:
             raise ValueError(
                 f"sequence of {total} positions (cache {total - input_ids.shape[1]} + "
@@ -139,7 +145,7 @@ class DecoderLM(nn.Module):
         """
         self._check_ids(input_ids, cache)
         x = self.embed(input_ids)
-        offset = cache.length if cache is not None else 0
+        offset = cache.next_position if cache is not None else 0
         if self.pos_embed is not None:
             positions = torch.arange(offset, offset + input_ids.shape[1], device=input_ids.device)
             x = x + self.pos_embed(positions)
@@ -197,7 +203,7 @@ class DecoderLM(nn.Module):
                 probs = torch.softmax(logits, dim=-1)
                 nxt = torch.multinomial(probs, 1, generator=generator)
             input_ids = torch.cat((input_ids, nxt), dim=1)
-            if out.cache.length + 1 > window:
+            if out.cache.next_position + 1 > window:
                 out = self(input_ids[:, -(window // 2):], use_cache=True)
             else:
                 out = self(nxt, cache=out.cache, use_cache=True)

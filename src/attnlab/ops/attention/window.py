@@ -66,6 +66,36 @@ def check_window(sinks: int, window: int) -> None:
         raise ValueError(f"window must be >= 1 key, got {window}")
 
 
+def _sink_end(counts: Tensor, sinks: int) -> int:
+    """Columns ``[0, end)`` hold every row's first ``sinks`` real keys."""
+    if sinks == 0:
+        return 0
+    return int(_position(counts, torch.full((counts.shape[0],), sinks - 1)).max()) + 1
+
+
+def window_cache_columns(
+    key_padding_mask: Tensor | None, n_keys: int, *, sinks: int, window: int
+) -> Tensor:
+    """``[n]`` increasing columns of ``n_keys`` cached keys that later queries can still
+    attend to: each row's first ``sinks`` real keys and its last ``window - 1`` real keys.
+
+    Decoding from only these keys (with their true positions) equals decoding from all of
+    them: every other key is outside the window of every later query. Padding columns
+    between kept ones stay (columns are shared by the batch), so with left padding at most
+    ``pad + sinks + window - 1`` columns remain.
+    """
+    check_window(sinks, window)
+    device = None if key_padding_mask is None else key_padding_mask.device
+    b = 1 if key_padding_mask is None else key_padding_mask.shape[0]
+    counts = _counts(_ranks(key_padding_mask, b, n_keys, device))
+    sink_end = _sink_end(counts, sinks)
+    recent = n_keys
+    if window > 1:
+        recent = int(_position(counts, counts[:, -1] - (window - 1)).min())
+    columns = torch.arange(n_keys, device=device)
+    return columns[(columns < sink_end) | (columns >= recent)]
+
+
 def window_attention(
     q: Tensor, k: Tensor, v: Tensor, *, scale: float, sinks: int, window: int,
     key_padding_mask: Tensor | None = None,
@@ -79,7 +109,7 @@ def window_attention(
     b, t_q, t_k = q.shape[0], q.shape[-2], k.shape[-2]
     ranks = _ranks(key_padding_mask, b, t_k, q.device)
     counts = _counts(ranks)
-    sink_end = 0 if sinks == 0 else int(_position(counts, torch.full((b,), sinks - 1)).max()) + 1
+    sink_end = _sink_end(counts, sinks)
     out = []
     for start in range(0, t_q, QUERY_BLOCK):
         stop = min(start + QUERY_BLOCK, t_q)
