@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from attnlab.cli import builtin_config, main
+from attnlab.cli import main
+from attnlab.config import builtin_config
 from attnlab.train import load_run_config
 from tests.helpers import dump_config
 

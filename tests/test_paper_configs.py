@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.cli import builtin_config
+from attnlab.config import builtin_config
 from attnlab.metrics import attention_cost
 from attnlab.train import load_run_config
 

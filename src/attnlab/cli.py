@@ -8,20 +8,13 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 
 from attnlab import __version__
+from attnlab.config import builtin_config
+from attnlab.demo.plan import BUDGET_MINUTES as DEMO_BUDGET_MINUTES
 
 logger = logging.getLogger("attnlab")
-
-DEMO_BUDGET_MINUTES = 13.0
-"""``attnlab demo``'s default budget: 15 minutes of ``make demo`` on 2 CPU cores, less set-up."""
-
-
-def builtin_config(name: str) -> Path:
-    """Path of a config shipped with the package (``tiny`` -> ``attnlab/configs/tiny.yaml``)."""
-    return Path(str(resources.files("attnlab") / "configs" / f"{name}.yaml"))
 
 
 def resolve_config_path(value: str) -> Path:

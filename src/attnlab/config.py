@@ -12,12 +12,18 @@ import difflib
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
 T = TypeVar("T")
+
+
+def builtin_config(name: str) -> Path:
+    """Path of a config shipped with the package (``tiny`` -> ``attnlab/configs/tiny.yaml``)."""
+    return Path(str(resources.files("attnlab") / "configs" / f"{name}.yaml"))
 
 
 class ConfigError(ValueError):

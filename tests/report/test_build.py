@@ -8,7 +8,7 @@ import pytest
 
 from attnlab.cli import main
 from attnlab.report import build_report, collect, compact_table
-from attnlab.report.build import crossovers, step_reaching
+from attnlab.report.figures import crossovers, step_reaching
 from tests.report.fixtures import (
     fake_run,
     fake_scaling,

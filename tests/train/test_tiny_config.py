@@ -1,6 +1,6 @@
 import pytest
 
-from attnlab.cli import builtin_config
+from attnlab.config import builtin_config
 from attnlab.train import load_run_config, train
 
 

@@ -21,6 +21,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+BUDGET_MINUTES = 13.0
+"""The default budget: 15 minutes of ``make demo`` on 2 CPU cores, less set-up."""
+
 TEACHER = "dense-h8-rope"
 BASELINE = "dense-h8"
 TRAINED: dict[str, str] = {

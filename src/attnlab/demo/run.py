@@ -31,9 +31,10 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from attnlab.bench import train_step
 from attnlab.bench.attention import run_layers
 from attnlab.bench.common import read_json
-from attnlab.cli import DEMO_BUDGET_MINUTES, builtin_config
+from attnlab.config import builtin_config
 from attnlab.demo.plan import (
     BASELINE,
+    BUDGET_MINUTES,
     LAYERS,
     SCALES,
     STUDENTS,
@@ -218,7 +219,7 @@ class Demo:
         return cfg.train.batch_size * cfg.train.seq_len * cfg.train.grad_accum
 
 
-def run_demo(out: str | Path, *, budget_minutes: float = DEMO_BUDGET_MINUTES,
+def run_demo(out: str | Path, *, budget_minutes: float = BUDGET_MINUTES,
              scale: str = "full", device: str = "auto", progress: bool = True) -> dict[str, Any]:
     """Run (or finish) the demo in ``out``; returns the report's results dict. ``scale``:
     ``full`` or ``smoke`` (:data:`attnlab.demo.plan.SCALES`)."""
