@@ -299,7 +299,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     results = run_demo(Path(args.out), budget_minutes=args.budget_minutes,
                        scale="smoke" if args.smoke else "full", device=args.device,
-                       progress=not args.quiet)
+                       progress=not args.quiet, strict_budget=args.strict_budget)
     print(compact_table(results))
     print(f"report: {Path(args.out) / 'report.md'}")
     return 0
@@ -529,6 +529,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/demo", help="output folder (re-run to resume)")
     p.add_argument("--budget-minutes", type=float, default=DEMO_BUDGET_MINUTES,
                    help="wall-clock budget of the stages (steps are scaled to fit)")
+    p.add_argument("--strict-budget", action="store_true",
+                   help="never go over the budget: a stage it cuts below its minimum is "
+                        "marked inconclusive (default: keep every stage at its minimum and go "
+                        "over the budget, saying by how much)")
     p.add_argument("--smoke", action="store_true",
                    help="toy sizes, every stage in seconds (for tests)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda")

@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import time
 
 import pytest
 
 from attnlab.cli import main
+from attnlab.demo import run as demo_run
 from attnlab.demo.plan import (
+    BUDGET_MINUTES,
     DISTILL_STEP_FACTOR,
     FULL,
     SAFETY,
     SMOKE,
     STUDENTS,
     TRAINED,
+    DistillCost,
+    distill_seconds,
     plan_distill_steps,
     plan_train_steps,
+    train_seconds,
 )
 from attnlab.demo.run import run_demo
+from attnlab.report import compact_table
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -28,16 +36,37 @@ def test_training_steps_fill_the_budget_equally():
     steps = plan_train_steps(step_s, 1000.0, FULL, tokens_per_step=2048)
     evals = (FULL.evals * FULL.eval_tokens + FULL.final_eval_tokens) / 2048 / 3
     assert steps == int((SAFETY * 1000.0 - 3 * 3.0) / 1.0 - evals)
-    assert plan_train_steps(step_s, 1.0, FULL, 2048) == FULL.min_steps
+    assert plan_train_steps(step_s, 1.0, FULL, 2048, floor=7) == 7
     assert plan_train_steps(step_s, 1e9, FULL, 2048) == FULL.max_steps
     assert plan_train_steps(step_s, 1e9, SMOKE, 64) == SMOKE.max_steps
+    # train_seconds inverts the planner
+    assert plan_train_steps(step_s, train_seconds(step_s, 300, FULL, 2048) + 1e-6, FULL,
+                            2048) == 300
 
 
 def test_distillation_steps_pay_for_the_teacher_and_the_evaluations():
-    plain = plan_distill_steps({"s": 1.0}, 1.0, 600.0, FULL, 2048, 8192, 32768, {})
-    with_grid = plan_distill_steps({"s": 1.0}, 1.0, 600.0, FULL, 2048, 8192, 32768, {"s": 9})
-    assert plain == int((SAFETY * 600.0 - 3.0 - 2 * 16 / 3) / (DISTILL_STEP_FACTOR + 0.5))
-    assert with_grid < plain
+    plain = DistillCost({"s": 1.0}, 1.0, 2048, 8192, 32768, {})
+    with_grid = dataclasses.replace(plain, grid={"s": 9})
+    steps = plan_distill_steps(plain, 600.0, FULL)
+    assert steps == int((SAFETY * 600.0 - 3.0 - 2 * 16 / 3) / (DISTILL_STEP_FACTOR + 0.5))
+    assert plan_distill_steps(with_grid, 600.0, FULL) < steps
+    assert plan_distill_steps(plain, 1.0, FULL, floor=80) == 80
+    assert plan_distill_steps(plain, distill_seconds(plain, 90) + 1e-6, FULL) == 90
+
+
+def test_the_minimums_fit_the_reference_machine_in_the_default_budget():
+    """With the reference run's probe (docs/results/demo-cpu/probe.json), the default budget
+    covers every stage's minimum with room to spare: a quiet reference machine needs no
+    decision."""
+    probe = {"dense-h8": 0.373, "dense-h2": 0.212, "switchhead": 0.213, "dense-h8-rope": 0.183,
+             "sea": 1.054, "performer": 0.205}
+    trained = {n: probe[n] for n in TRAINED}
+    cost = DistillCost({n: probe[n] for n in STUDENTS}, probe["dense-h8-rope"], 2048, 8192,
+                       32768, {"sea": 9})
+    needed = (train_seconds(trained, FULL.min_train_steps(2048), FULL, 2048)
+              + distill_seconds(cost, FULL.min_distill_steps) + FULL.bench_reference_s
+              + FULL.report_reserve_s)
+    assert needed < 0.8 * (BUDGET_MINUTES * 60 - 20)  # 20 s: the probe
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +110,58 @@ def test_a_rerun_reuses_every_finished_stage(smoke_demo, caplog):
     assert "finished earlier" in caplog.text
     assert (smoke_demo / "runs" / "performer" / "summary.json").is_file()
     assert [r["student"] for r in results["students"]] == list(STUDENTS)
+
+
+def run_slow(tmp_path, monkeypatch, strict_budget=False):
+    """A smoke demo whose every training run takes 400 s more than its steps: its clock jumps
+    when a run starts (the probe, timed for real, knows nothing of it)."""
+    pytest.importorskip("matplotlib")
+    jump = [0.0]
+    real_train = demo_run.train
+
+    def slow_train(*args, **kwargs):
+        jump[0] += 400.0
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(demo_run, "train", slow_train)
+    out = tmp_path / "demo"
+    results = run_demo(out, scale="smoke", progress=False, strict_budget=strict_budget,
+                       clock=lambda: time.perf_counter() + jump[0])
+    return out, results, (out / "report.md").read_text()
+
+
+def assert_every_stage_at_its_minimum_or_marked(out, results):
+    plan = json.loads((out / "plan.json").read_text())
+    marked = {f["stage"] for f in results["inconclusive"]}
+    if plan["train_tokens"] < SMOKE.min_train_tokens:
+        assert "training" in marked
+    if plan["distill_steps"] < SMOKE.min_distill_steps:
+        assert "distillation" in marked
+    lengths = [r["shape"]["seq_len"] for r in
+               results["scaling"]["attention-layer"]["records"] if r["ms_median"] is not None]
+    if max(lengths) < SMOKE.min_seq_len:
+        assert "benchmark" in marked
+    return plan
+
+
+def test_a_slow_machine_keeps_the_minimums_and_says_it_goes_over_budget(tmp_path, monkeypatch):
+    out, results, md = run_slow(tmp_path, monkeypatch)
+    plan = assert_every_stage_at_its_minimum_or_marked(out, results)
+    assert plan["distill_steps"] == SMOKE.min_distill_steps and not results["inconclusive"]
+    decisions = results["demo"]["decisions"]
+    assert decisions and "over the budget by" in decisions[0], decisions
+    assert "What the demo did when the time left could not cover every minimum" in md
+    assert "INCONCLUSIVE" not in compact_table(results)
+
+
+def test_a_strict_budget_marks_what_it_cuts_inconclusive(tmp_path, monkeypatch):
+    out, results, md = run_slow(tmp_path, monkeypatch, strict_budget=True)
+    plan = assert_every_stage_at_its_minimum_or_marked(out, results)
+    assert plan["distill_steps"] == 1
+    # the benchmark gets 1 s: whether it reaches its minimum depends on this machine
+    assert {"distillation"} <= {f["stage"] for f in results["inconclusive"]} <= {
+        "distillation", "benchmark"}
+    assert "sea distilled 1 steps, below the 2 needed" in md and "sea (inconclusive)" in md
+    assert all(r["inconclusive"] for r in results["students"])
+    assert not any(r["inconclusive"] for r in results["headline"])
+    assert "INCONCLUSIVE: performer distilled 1 steps" in compact_table(results)

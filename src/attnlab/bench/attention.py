@@ -251,6 +251,7 @@ def run_layers(
     reps: int = 10,
     max_mem_gb: float | None = None,
     time_budget_s: float | None = None,
+    min_seq_len: int = 0,
     json_path: str | os.PathLike[str] | None = None,
     device: str = "cpu",
     seed: int = 0,
@@ -260,7 +261,8 @@ def run_layers(
     cost. ``models`` maps a name to the model config whose first layer's attention is
     benchmarked (built as that model builds it, ``max_seq_len = T``); the first one is the
     baseline. Forward (eval mode, no autograd) of ``[batch, T, d_model]`` random input, causal;
-    ``time_budget_s`` as in :func:`measure_lengths`. Each record's shape holds the common
+    ``time_budget_s`` and ``min_seq_len`` as in :func:`measure_lengths`. Each record's shape
+    holds the common
     ``seq_len``, ``d_model``, ``batch``, then (after the ratios) the layer's ``attention``
     config and ``macs``, its forward MACs (:func:`attnlab.metrics.exact_attention_cost`; None
     for cores without MAC accounting)."""
@@ -294,7 +296,7 @@ def run_layers(
     records = measure_lengths(
         names, _lengths(seq_lens), prepared, bench=LAYER_BENCH, baseline=names[0], pass_="fwd",
         reps=reps, mem_budget=budget, inputs_bytes=lambda t: 4 * batch * t * d_model,
-        shape=shape, device=dev, time_budget_s=time_budget_s,
+        shape=shape, device=dev, time_budget_s=time_budget_s, min_seq_len=min_seq_len,
     )
     fill_ratios(records, names[0])
     for r in records:
@@ -332,6 +334,7 @@ def measure_lengths(
     shape: Callable[[int], dict[str, Any]],
     device: torch.device,
     time_budget_s: float | None = None,
+    min_seq_len: int = 0,
 ) -> list[Record]:
     """The measuring loop of every scaling benchmark: at each length (ascending),
     ``prepared(T)`` gives one call per mechanism; they are timed side by side and each one's
@@ -340,7 +343,8 @@ def measure_lengths(
     bytes (all of them when ``baseline`` is skipped). With ``time_budget_s``,
     lengths stop (unrecorded) once the next one would end past that many seconds, predicted
     at 4x (twice the length of a quadratic mechanism) the last length's time of the
-    mechanisms the memory guard keeps. Records have no ratios yet."""
+    mechanisms the memory guard keeps; lengths up to ``min_seq_len`` are measured whatever the
+    time budget. Records have no ratios yet."""
     start = time.perf_counter()
     history: dict[str, list[tuple[int, float]]] = {m: [] for m in mechs}
     for t in probe_lengths(lengths):
@@ -362,7 +366,8 @@ def measure_lengths(
                 skipped.setdefault(m, f"baseline {baseline!r} skipped: {skipped[baseline]}")
         elapsed = time.perf_counter() - start
         predicted = 4 * sum(s for m, s in last_s.items() if m not in skipped)
-        if time_budget_s is not None and records and elapsed + predicted > time_budget_s:
+        if (time_budget_s is not None and records and seq_len > min_seq_len
+                and elapsed + predicted > time_budget_s):
             logger.warning("stopping before seq_len %d: %.0f s of the %.0f s time budget spent, "
                            "the next length needs ~%.0f s", seq_len, elapsed, time_budget_s,
                            predicted)

@@ -10,10 +10,14 @@ benchmark builds every mechanism as an attention layer of the teacher's shape wi
 (SwitchHead: ``tiny/switchhead``'s projections with RoPE positions).
 
 Budget: a probe times one training step of every trained model and of the students'
-architectures side by side (:func:`attnlab.bench.train_step.run_configs`); the training
-steps, equal for every model (same tokens), are what fits in ``train_share`` of the time left
-after the probe and the reserves (benchmark and report), evaluations included. Distillation
-steps are planned the same way from the time left once training is done.
+architectures side by side (:func:`attnlab.bench.train_step.run_configs`). Every stage has a
+minimum below which its figure means little (:class:`Scale`; :data:`FULL` says where each
+comes from). The training steps, equal for every model (same tokens), are what fits in
+``train_share`` of the time left after the probe, the later stages' minimums and the reserves,
+evaluations included, never below the minimum. Distillation steps are planned the same way
+from the time left once training is done. The planner's predictions and the functions that
+invert them (:func:`train_seconds`, :func:`distill_seconds`) let the demo re-plan after every
+stage from the pace it measured (:mod:`attnlab.demo.run`).
 """
 
 from __future__ import annotations
@@ -69,42 +73,71 @@ SAFETY = 0.92
 
 @dataclasses.dataclass(frozen=True)
 class Scale:
-    """Sizes of one demo mode.
+    """Sizes of one demo mode, and the minimum each stage needs for its figure to mean
+    something (:data:`FULL` says where each minimum comes from).
 
-    ``overrides`` apply to every trained and probed config; steps are clamped to
-    ``[min_steps, max_steps]`` (``[min_distill_steps, max_distill_steps]``); each training run
-    evaluates ``evals`` times on ``eval_tokens`` plus once on ``final_eval_tokens``;
-    ``distill`` are overrides of the distillation config (``distill.KEY=VALUE``);
-    ``seq_lens`` (``gpu_seq_lens`` on CUDA) are the benchmark's lengths, skipping on CPU a
-    layer whose peak would pass ``cpu_max_mem_gb`` GiB (the machine is shared); ``reps`` the
-    timed repetitions of every side-by-side measurement; ``train_share`` is the part of the time
-    left after the probe and the reserves that training gets; the benchmark gets at most
-    ``bench_share`` of the budget; ``report_reserve_s`` is kept for the report.
+    ``overrides`` apply to every trained and probed config. Training runs at least
+    ``min_train_tokens`` tokens per model and at most ``max_steps`` steps; each evaluates
+    ``evals`` times on ``eval_tokens`` plus once on ``final_eval_tokens``. Students distil at
+    least ``min_distill_steps`` and at most ``max_distill_steps`` steps, with ``distill``
+    overrides of the distillation config (``distill.KEY=VALUE``). The benchmark measures
+    ``seq_lens`` (``gpu_seq_lens`` on CUDA) and reaches at least ``min_seq_len``
+    (``gpu_min_seq_len``), skipping on CPU a layer whose peak would pass ``cpu_max_mem_gb`` GiB
+    (the machine is shared); ``bench_reference_s`` is what the benchmark took up to
+    ``min_seq_len`` on the reference machine (:data:`REFERENCE_PROBE_S`); ``reps`` are the
+    timed repetitions of every side-by-side measurement. ``train_share`` is the part of the
+    time left after the probe, every stage's minimum and the benchmark's share that training
+    gets beyond its minimum; the benchmark gets ``bench_share`` of the budget, or its minimum
+    if that is more; ``report_reserve_s`` is kept for the
+    report.
     """
 
     name: str
     overrides: tuple[str, ...] = ()
-    min_steps: int = 30
+    min_train_tokens: int = 0
     max_steps: int = 4000
     evals: int = 4
     eval_tokens: int = 16384
     final_eval_tokens: int = 65536
     distill: tuple[str, ...] = ()
-    min_distill_steps: int = 10
+    min_distill_steps: int = 1
     max_distill_steps: int = 2000
     seq_lens: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
     gpu_seq_lens: tuple[int, ...] = (256, 1024, 4096, 8192, 16384, 32768)
+    min_seq_len: int = 8192
+    gpu_min_seq_len: int = 32768
+    bench_reference_s: float = 0.0
     cpu_max_mem_gb: float = 4.0
     reps: int = 5
     train_share: float = 0.62
     bench_share: float = 0.12
     report_reserve_s: float = 20.0
 
+    def min_train_steps(self, tokens_per_step: int) -> int:
+        return max(1, -(-self.min_train_tokens // tokens_per_step))
+
+    def bench_min_len(self, cuda: bool) -> int:
+        return self.gpu_min_seq_len if cuda else self.min_seq_len
+
 
 FULL = Scale(
     "full",
+    # dense-h8's held-out bits per character in the reference run (docs/results/demo-cpu):
+    # 3.85 at 174k tokens, 3.43 at 348k, 3.20 at 522k, 3.03 at 702k. Before ~400k tokens one
+    # evaluation interval moves a model by more than the gaps between the architectures at the
+    # end (0.07-0.21 bpc): the models are still leaving the bigram regime, and a gap means
+    # little.
+    min_train_tokens=400_000,
     distill=("distill.eval_tokens=8192", "distill.final_eval_tokens=32768",
              "distill.long_context=1", "distill.eval_every=0"),
+    # SEA distilled from the demo's teacher with an evaluation every 10 steps (calibration run,
+    # see README "The demo"): MIN_DISTILL_NOTE.
+    min_distill_steps=80,
+    # the benchmark's CPU curves cross sdpa at 512 (SwitchHead), 1024 (Performer) and 4096
+    # (SEA) in the reference run; 8192 is where SEA's lead is clear (0.45x); on a GPU sdpa
+    # (flash) stays ahead longer, so 32768.
+    min_seq_len=8192,
+    bench_reference_s=20.0,
 )
 """The default: fits ``--budget-minutes`` (13 by default) on 2 CPU cores, more steps and
 longer sequences on a GPU."""
@@ -113,47 +146,92 @@ SMOKE = Scale(
     "smoke",
     overrides=("model.n_layers=1", "train.batch_size=2", "train.seq_len=32",
                "train.eval_batch_size=2"),
-    min_steps=4, max_steps=4, evals=2, eval_tokens=128, final_eval_tokens=256,
+    min_train_tokens=4 * 64, max_steps=4, evals=2, eval_tokens=128, final_eval_tokens=256,
     distill=("distill.batch_size=2", "distill.eval_batch_size=2", "distill.eval_tokens=128",
              "distill.final_eval_tokens=256", "distill.long_context=1", "distill.eval_every=0",
              "distill.query_skip=[1, 2]"),
     min_distill_steps=2, max_distill_steps=2, seq_lens=(32, 64), gpu_seq_lens=(32, 64),
-    report_reserve_s=0.0,
+    min_seq_len=64, gpu_min_seq_len=64, report_reserve_s=0.0,
 )
 """Seconds-long run of every stage at toy sizes (one layer, batch 2 x 32), for tests."""
 
 SCALES = {s.name: s for s in (FULL, SMOKE)}
+
+REFERENCE_PROBE_S = 0.373
+"""The reference machine's probed training step of the baseline (2-core EPYC, fp32)."""
+
+
+
+def bench_min_seconds(scale: Scale, baseline_step_s: float, cuda: bool) -> float:
+    """Predicted seconds of the benchmark up to its minimum length: the reference machine's,
+    scaled by how much slower this machine's probed baseline step is (0 on CUDA, which has no
+    reference: the benchmark still measures up to its minimum length)."""
+    return 0.0 if cuda else scale.bench_reference_s * baseline_step_s / REFERENCE_PROBE_S
 
 
 def _clamp(value: float, lo: int, hi: int) -> int:
     return max(lo, min(hi, int(value)))
 
 
+def _train_evals(scale: Scale, tokens_per_step: int) -> float:
+    """Evaluation forwards of one training run, in training steps."""
+    return (scale.evals * scale.eval_tokens + scale.final_eval_tokens) / tokens_per_step \
+        * FORWARD_FRACTION
+
+
 def plan_train_steps(step_s: Mapping[str, float], seconds: float, scale: Scale,
-                     tokens_per_step: int) -> int:
+                     tokens_per_step: int, floor: int = 1) -> int:
     """Steps, equal for every model, so that training all ``step_s`` models (seconds per
-    step, side by side) with their evaluations fits in ``seconds``; clamped to the scale's
-    range."""
-    evals = (scale.evals * scale.eval_tokens + scale.final_eval_tokens) / tokens_per_step
-    per_round = sum(step_s.values())
+    step, side by side) with their evaluations fits in ``seconds``; clamped to
+    ``[floor, max_steps]``."""
     usable = SAFETY * seconds - RUN_OVERHEAD_S * len(step_s)
-    return _clamp(usable / per_round - evals * FORWARD_FRACTION, scale.min_steps,
+    return _clamp(usable / sum(step_s.values()) - _train_evals(scale, tokens_per_step), floor,
                   scale.max_steps)
 
 
-def plan_distill_steps(student_s: Mapping[str, float], teacher_s: float, seconds: float,
-                       scale: Scale, tokens_per_step: int, eval_tokens: int,
-                       final_eval_tokens: int, grid: Mapping[str, int]) -> int:
-    """Distillation steps, equal for every student, fitting in ``seconds``: a step costs
-    :data:`DISTILL_STEP_FACTOR` x the student's training step plus a teacher forward with its
-    attention maps (half a teacher step); then teacher and student evaluate on
-    ``final_eval_tokens`` and a student with ``grid[name]`` inference settings evaluates each
-    on ``eval_tokens``."""
-    per_round = sum(DISTILL_STEP_FACTOR * s + teacher_s / 2 for s in student_s.values())
-    evals = sum(
-        ((2 * final_eval_tokens + grid.get(name, 0) * eval_tokens) / tokens_per_step
-         * FORWARD_FRACTION * max(s, teacher_s))
-        for name, s in student_s.items()
-    )
-    usable = SAFETY * seconds - RUN_OVERHEAD_S * len(student_s) - evals
-    return _clamp(usable / per_round, scale.min_distill_steps, scale.max_distill_steps)
+def train_seconds(step_s: Mapping[str, float], steps: int, scale: Scale,
+                  tokens_per_step: int) -> float:
+    """The seconds :func:`plan_train_steps` would plan ``steps`` in (its inverse)."""
+    rounds = steps + _train_evals(scale, tokens_per_step)
+    return (rounds * sum(step_s.values()) + RUN_OVERHEAD_S * len(step_s)) / SAFETY
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillCost:
+    """What a distillation step and the evaluations cost: ``student_s`` probed training step
+    per student, ``teacher_s`` the teacher's; ``tokens_per_step``; teacher and student
+    evaluate on ``final_eval_tokens``, a student with ``grid[name]`` inference settings
+    evaluates each on ``eval_tokens``."""
+
+    student_s: Mapping[str, float]
+    teacher_s: float
+    tokens_per_step: int
+    eval_tokens: int
+    final_eval_tokens: int
+    grid: Mapping[str, int]
+
+    def per_step(self) -> float:
+        """:data:`DISTILL_STEP_FACTOR` x each student's step plus a teacher forward with its
+        attention maps (half a teacher step)."""
+        return sum(DISTILL_STEP_FACTOR * s + self.teacher_s / 2 for s in self.student_s.values())
+
+    def fixed(self) -> float:
+        """Seconds outside the steps: evaluations and run overheads."""
+        evals = sum(
+            ((2 * self.final_eval_tokens + self.grid.get(name, 0) * self.eval_tokens)
+             / self.tokens_per_step * FORWARD_FRACTION * max(s, self.teacher_s))
+            for name, s in self.student_s.items()
+        )
+        return evals + RUN_OVERHEAD_S * len(self.student_s)
+
+
+def plan_distill_steps(cost: DistillCost, seconds: float, scale: Scale, floor: int = 1) -> int:
+    """Distillation steps, equal for every student, fitting in ``seconds``; clamped to
+    ``[floor, max_distill_steps]``."""
+    usable = SAFETY * seconds - cost.fixed()
+    return _clamp(usable / cost.per_step(), floor, scale.max_distill_steps)
+
+
+def distill_seconds(cost: DistillCost, steps: int) -> float:
+    """The seconds :func:`plan_distill_steps` would plan ``steps`` in (its inverse)."""
+    return (steps * cost.per_step() + cost.fixed()) / SAFETY

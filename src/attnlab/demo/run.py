@@ -4,14 +4,23 @@ Stages, each leaving its result in ``out`` (atomically, so an interrupted demo r
 up finished stages and resumes a half-done run from its last checkpoint):
 
 1. ``probe.json``: one training step of every model, side by side (bench JSON);
-2. ``plan.json``: the steps the budget allows (training; distillation once it starts);
+2. ``plan.json``: the steps the budget allows (training; distillation once it starts), and
+   every decision taken when the measured pace could not cover a stage's minimum;
 3. ``runs/<model>/``: each model of :data:`~attnlab.demo.plan.TRAINED` trained on the same
    tokens (``attnlab train`` run folders);
 4. ``runs/<student>/``: SEA and Performer distilled from the RoPE teacher
    (``attnlab distill`` run folders);
 5. ``bench-attention-layers.json``: attention layers against sequence length (bench JSON);
-6. ``demo.json`` (budget, stage times, notes), then ``report.md``, the PNGs and
-   ``results.json`` (:func:`attnlab.report.build_report`).
+6. ``demo.json`` (budget, stage times, minimums, shortfalls, decisions, notes), then
+   ``report.md``, the PNGs and ``results.json`` (:func:`attnlab.report.build_report`).
+
+Validity first, budget second. Every stage has a minimum (:class:`~attnlab.demo.plan.Scale`).
+After every stage the demo compares the time it took with the time planned for it and
+re-plans the rest at the pace measured. When the rest cannot reach its minimums in the time
+left, it says so, and by default keeps every minimum and goes over the budget by the stated
+amount; with ``strict_budget`` it keeps the budget, and a stage that falls below its minimum
+is reported inconclusive, with the reason, in ``report.md``, ``results.json`` and the
+terminal summary. Either way, no figure is silently below its minimum.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from attnlab.bench import train_step
 from attnlab.bench.attention import run_layers
 from attnlab.bench.common import read_json
 from attnlab.config import builtin_config
+from attnlab.demo.budget import Budget
 from attnlab.demo.plan import (
     BASELINE,
     BUDGET_MINUTES,
@@ -40,9 +50,13 @@ from attnlab.demo.plan import (
     STUDENTS,
     TEACHER,
     TRAINED,
+    DistillCost,
     Scale,
+    bench_min_seconds,
+    distill_seconds,
     plan_distill_steps,
     plan_train_steps,
+    train_seconds,
 )
 from attnlab.distill import DistillRunConfig, distill, load_distill_config
 from attnlab.report import build_report, collect
@@ -65,34 +79,29 @@ NOTES = (
 
 
 class Demo:
-    """One invocation of the demo in ``out`` with ``budget_s`` seconds."""
+    """One invocation of the demo in ``out``, timed by ``budget``."""
 
-    def __init__(self, out: Path, scale: Scale, budget_s: float, device: str,
+    def __init__(self, out: Path, scale: Scale, budget: Budget, device: str,
                  progress: bool) -> None:
-        self.out, self.scale, self.budget_s, self.progress = out, scale, budget_s, progress
+        self.out, self.scale, self.budget, self.progress = out, scale, budget, progress
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" \
             else device
-        self.start = time.perf_counter()
+        self.cuda = self.device.startswith("cuda")
         self.load_start = os.getloadavg()[0]
-        self.stages_s: dict[str, float] = {}
-
-    def remaining(self) -> float:
-        """Seconds of the budget left in this invocation."""
-        return self.budget_s - (time.perf_counter() - self.start)
 
     def config(self, source: str, overrides: tuple[str, ...] = ()) -> RunConfig:
         """A built-in config with the scale's and the given overrides, on the demo's device."""
         return load_run_config(builtin_config(source), [
             *self.scale.overrides, *overrides, f"train.device={self.device}"])
 
-    def timed(self, name: str, fn: Callable[[], Any]) -> Any:
-        """``fn()``, its wall-clock seconds recorded as stage ``name``."""
-        start = time.perf_counter()
-        result = fn()
-        self.stages_s[name] = time.perf_counter() - start
-        logger.info("stage %s: %.1f s; %.0f s of the budget left", name, self.stages_s[name],
-                    self.remaining())
-        return result
+    def check_the_rest(self, plan: dict[str, Any], rest_s: float, what: str) -> None:
+        """After a stage: if the rest (``rest_s`` at the measured pace) no longer fits, say
+        what the demo does about it now, and keep it in ``plan.json`` for the report."""
+        decision = self.budget.overrun(rest_s, what)
+        if decision is not None:
+            logger.warning("demo: %s", decision)
+            plan.setdefault("decisions", []).append(decision)
+            atomic_write_json(self.out / "plan.json", plan)
 
     # ------------------------------------------------------------ stages
 
@@ -108,48 +117,103 @@ class Demo:
         _, records = read_json(path)
         return {r.name: r.ms_median / 1e3 for r in records}
 
+    def later_minimum_s(self, step_s: dict[str, float]) -> float:
+        """Seconds the stages after training need at their minimums (at the probe's pace)."""
+        return (distill_seconds(self.distill_cost(step_s), self.scale.min_distill_steps)
+                + self.bench_min_s(step_s) + self.scale.report_reserve_s)
+
+    def bench_min_s(self, step_s: dict[str, float]) -> float:
+        return bench_min_seconds(self.scale, step_s[BASELINE], self.cuda)
+
     def plan(self, step_s: dict[str, float]) -> dict[str, Any]:
-        """The training steps (planned once, kept in ``plan.json``)."""
+        """The training steps (planned once, kept in ``plan.json``): the minimum, plus
+        ``train_share`` of what the budget leaves beyond every stage's minimum and the
+        benchmark's share; under the minimum only with ``strict_budget``."""
         path = self.out / "plan.json"
+        tokens = self._tokens_per_step(self.config(TRAINED[BASELINE]))
+        trained = {n: step_s[n] for n in TRAINED}
         if path.is_file():
             plan = json.loads(path.read_text())
             if plan["scale"] != self.scale.name:
                 raise RunDirError(f"{self.out} holds a {plan['scale']} demo; finish it with "
                                   f"that mode or give another --out")
-            return plan
-        tokens = self._tokens_per_step(self.config(TRAINED[BASELINE]))
-        reserve = self.scale.bench_share * self.budget_s + self.scale.report_reserve_s
-        seconds = self.scale.train_share * max(0.0, self.remaining() - reserve)
-        steps = plan_train_steps({n: step_s[n] for n in TRAINED}, seconds, self.scale, tokens)
-        plan = {"scale": self.scale.name, "budget_s": self.budget_s, "train_steps": steps,
-                "train_tokens": steps * tokens}
-        logger.info("plan: %d training steps (%d tokens) per model in ~%.0f s", steps,
-                    steps * tokens, seconds)
-        atomic_write_json(path, plan)
+        else:
+            s, left = self.scale, self.budget.remaining()
+            min_steps = s.min_train_steps(tokens)
+            train_min_s = train_seconds(trained, min_steps, s, tokens)
+            needed = train_min_s + self.later_minimum_s(step_s)
+            spare = left - needed - s.bench_share * self.budget.budget_s
+            seconds = train_min_s + s.train_share * max(0.0, spare)
+            if needed > left and self.budget.strict:
+                seconds = train_min_s * max(0.0, left) / needed  # every stage cut alike
+            steps = plan_train_steps(trained, seconds, s, tokens,
+                                     floor=1 if self.budget.strict else min_steps)
+            plan = {"scale": s.name, "budget_s": self.budget.budget_s, "train_steps": steps,
+                    "train_tokens": steps * tokens, "strict_budget": self.budget.strict}
+            logger.info("plan: %d training steps (%d tokens) per model in ~%.0f s; every "
+                        "stage at its minimum needs ~%.0f s of the %.0f s left", steps,
+                        steps * tokens, seconds, needed, left)
+            atomic_write_json(path, plan)
+            self.check_the_rest(plan, needed, "the stages at their minimums")
+        for name in TRAINED:
+            self.budget.planned_s[name] = train_seconds({name: step_s[name]},
+                                                        plan["train_steps"], self.scale, tokens)
         return plan
 
-    def plan_distill(self, plan: dict[str, Any], step_s: dict[str, float]) -> int:
-        """The distillation steps (planned once training is done, added to ``plan.json``)."""
-        if "distill_steps" in plan:
-            return plan["distill_steps"]
+    def replan_after_training(self, plan: dict[str, Any], step_s: dict[str, float],
+                              done: str) -> None:
+        """After training ``done``: the rest of training (its steps are fixed: every model
+        sees the same tokens) and the later stages at their minimums, at the measured pace."""
+        names = list(TRAINED)
+        rest = names[names.index(done) + 1:]
+        rest_s = self.budget.pace() * (sum(self.budget.planned_s[n] for n in rest)
+                                       + self.later_minimum_s(step_s))
+        self.check_the_rest(plan, rest_s, f"training {', '.join(rest)} and the later stages"
+                            if rest else "the distillation and the benchmark")
+
+    def distill_cost(self, step_s: dict[str, float], pace: float = 1.0,
+                     names: tuple[str, ...] = tuple(STUDENTS)) -> DistillCost:
+        """What distilling ``names`` costs, at ``pace`` times the probed step times."""
         d = self.distill_config("sea", 1).distill
         tokens = d.batch_size * (d.seq_len or self.config(TRAINED[TEACHER]).train.seq_len)
-        seconds = max(0.0, self.remaining() - self.scale.bench_share * self.budget_s
-                      - self.scale.report_reserve_s)
         grid = {"sea": SEA_GRID_KS * len(d.query_skip)}
-        steps = plan_distill_steps({n: step_s[n] for n in STUDENTS}, step_s[TEACHER], seconds,
-                                   self.scale, tokens, d.eval_tokens,
-                                   d.final_eval_tokens or d.eval_tokens, grid)
-        plan["distill_steps"] = steps
-        logger.info("plan: %d distillation steps per student in ~%.0f s", steps, seconds)
-        atomic_write_json(self.out / "plan.json", plan)
-        return steps
+        return DistillCost({n: pace * step_s[n] for n in names}, pace * step_s[TEACHER],
+                           tokens, d.eval_tokens, d.final_eval_tokens or d.eval_tokens, grid)
+
+    def plan_distill(self, plan: dict[str, Any], step_s: dict[str, float]) -> int:
+        """The distillation steps, planned once training is done at the pace it measured
+        (added to ``plan.json``): what the time left after the benchmark's share allows,
+        never below the minimum unless ``strict_budget``."""
+        pace, s = self.budget.pace(), self.scale
+        if "distill_steps" not in plan:
+            bench_s = max(pace * self.bench_min_s(step_s), s.bench_share * self.budget.budget_s)
+            seconds = max(0.0, self.budget.remaining() - bench_s - s.report_reserve_s)
+            steps = plan_distill_steps(self.distill_cost(step_s, pace), seconds, s,
+                                       floor=1 if self.budget.strict else s.min_distill_steps)
+            plan["distill_steps"] = steps
+            logger.info("plan: %d distillation steps per student in ~%.0f s (pace x%.2f the "
+                        "probe's)", steps, seconds, pace)
+            atomic_write_json(self.out / "plan.json", plan)
+            rest = (distill_seconds(self.distill_cost(step_s, pace), steps)
+                    + pace * self.bench_min_s(step_s) + s.report_reserve_s)
+            self.check_the_rest(plan, rest, "the distillation and the benchmark")
+        for name in STUDENTS:
+            self.budget.planned_s[name] = distill_seconds(
+                self.distill_cost(step_s, names=(name,)), plan["distill_steps"])
+        return plan["distill_steps"]
+
+    def _finished(self, name: str, run_dir: Path) -> bool:
+        """Whether run ``name`` finished in an earlier invocation (then it is reused)."""
+        if not (run_dir / "summary.json").is_file():
+            return False
+        logger.info("%s: finished earlier, reusing %s", name, run_dir)
+        self.budget.planned_s.pop(name, None)  # no measure of this machine's pace
+        return True
 
     def train_model(self, name: str, steps: int) -> None:
         """Train model ``name`` for ``steps`` (resume a started run, reuse a finished one)."""
         run_dir = self.out / "runs" / name
-        if (run_dir / "summary.json").is_file():
-            logger.info("%s: finished earlier, reusing %s", name, run_dir)
+        if self._finished(name, run_dir):
             return
         resume = (run_dir / "config.yaml").is_file()
         if resume:
@@ -178,8 +242,7 @@ class Demo:
     def distill_student(self, name: str, steps: int) -> None:
         """Distil student ``name`` (resume a started run, reuse a finished one)."""
         run_dir = self.out / "runs" / name
-        if (run_dir / "summary.json").is_file():
-            logger.info("%s: finished earlier, reusing %s", name, run_dir)
+        if self._finished(name, run_dir):
             return
         resume = (run_dir / "distill.yaml").is_file()
         cfg = (load_distill_config(run_dir / "distill.yaml") if resume
@@ -187,26 +250,59 @@ class Demo:
         distill(cfg, run_dir, resume=resume, progress=self.progress)
 
     def bench(self) -> None:
-        """Attention layers against length, within the benchmark's share of the budget."""
+        """Attention layers against length: up to the minimum length whatever the time (unless
+        ``strict_budget``), longer within the benchmark's share of the budget."""
         path = self.out / "bench-attention-layers.json"
         if path.is_file():
             logger.info("benchmark: finished earlier, reusing %s", path)
             return
         models = {name: load_run_config(builtin_config(src), overrides).model
                   for name, (src, overrides) in LAYERS.items()}
-        seconds = min(self.scale.bench_share * self.budget_s,
-                      self.remaining() - self.scale.report_reserve_s)
-        cuda = self.device.startswith("cuda")
-        run_layers(models, self.scale.gpu_seq_lens if cuda else self.scale.seq_lens,
-                   reps=self.scale.reps, max_mem_gb=None if cuda else self.scale.cpu_max_mem_gb,
-                   time_budget_s=max(seconds, 1.0), json_path=path, device=self.device)
+        seconds = min(self.scale.bench_share * self.budget.budget_s,
+                      self.budget.remaining() - self.scale.report_reserve_s)
+        cuda, s = self.cuda, self.scale
+        run_layers(models, s.gpu_seq_lens if cuda else s.seq_lens, reps=s.reps,
+                   max_mem_gb=None if cuda else s.cpu_max_mem_gb,
+                   time_budget_s=max(seconds, 1.0),
+                   min_seq_len=0 if self.budget.strict else s.bench_min_len(cuda),
+                   json_path=path, device=self.device)
 
-    def report(self) -> dict[str, Any]:
+    def shortfalls(self, plan: dict[str, Any]) -> list[dict[str, Any]]:
+        """The figures below their stage's minimum: ``{"stage", "names", "reason"}`` each."""
+        s, found = self.scale, []
+        if plan["train_tokens"] < s.min_train_tokens:
+            found.append({"stage": "training", "names": list(TRAINED), "reason": (
+                f"each model trained on {plan['train_tokens']:,} tokens, below the "
+                f"{s.min_train_tokens:,} a comparison of architectures needs")})
+        steps = plan.get("distill_steps", 0)
+        if steps < s.min_distill_steps:
+            found += [{"stage": "distillation", "names": [name], "reason": (
+                f"{name} distilled {steps} steps, below the {s.min_distill_steps} needed for "
+                "its loss to converge")} for name in STUDENTS]
+        _, records = read_json(self.out / "bench-attention-layers.json")
+        reached = max((r.shape["seq_len"] for r in records if r.ms_median is not None),
+                      default=0)
+        if reached < s.bench_min_len(self.cuda):
+            found.append({"stage": "benchmark", "names": list(LAYERS), "reason": (
+                f"the length benchmark reached {reached} tokens, below the "
+                f"{s.bench_min_len(self.cuda)} where the mechanisms' curves cross")})
+        for f in found:
+            logger.warning("demo: inconclusive: %s", f["reason"])
+        return found
+
+    def report(self, plan: dict[str, Any]) -> dict[str, Any]:
         """``demo.json``, then the report of every stage's results."""
-        demo = {"mode": self.scale.name, "budget_s": self.budget_s,
-                "wall_s": time.perf_counter() - self.start, "stages_s": self.stages_s,
-                "device": self.device, "cpus": os.cpu_count(),
-                "load_avg": [self.load_start, os.getloadavg()[0]], "notes": NOTES}
+        s = self.scale
+        demo = {"mode": s.name, "budget_s": self.budget.budget_s,
+                "wall_s": self.budget.elapsed(), "stages_s": self.budget.stages_s,
+                "planned_s": self.budget.planned_s, "device": self.device, "cpus": os.cpu_count(),
+                "load_avg": [self.load_start, os.getloadavg()[0]],
+                "strict_budget": self.budget.strict,
+                "minimums": {"train_tokens": s.min_train_tokens,
+                             "distill_steps": s.min_distill_steps,
+                             "bench_seq_len": s.bench_min_len(self.cuda)},
+                "decisions": plan.get("decisions", []), "shortfalls": self.shortfalls(plan),
+                "notes": NOTES}
         atomic_write_json(self.out / "demo.json", {"demo": demo})
         inputs = collect([self.out / "probe.json", *[self.out / "runs" / n for n in TRAINED],
                           *[self.out / "runs" / n for n in STUDENTS],
@@ -220,19 +316,25 @@ class Demo:
 
 
 def run_demo(out: str | Path, *, budget_minutes: float = BUDGET_MINUTES,
-             scale: str = "full", device: str = "auto", progress: bool = True) -> dict[str, Any]:
+             scale: str = "full", device: str = "auto", progress: bool = True,
+             strict_budget: bool = False,
+             clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
     """Run (or finish) the demo in ``out``; returns the report's results dict. ``scale``:
-    ``full`` or ``smoke`` (:data:`attnlab.demo.plan.SCALES`)."""
+    ``full`` or ``smoke`` (:data:`attnlab.demo.plan.SCALES`); ``strict_budget``: keep the
+    budget and mark the stages it cuts below their minimum inconclusive (default: keep the
+    minimums and go over the budget, saying by how much); ``clock``: seconds for the budget
+    (tests inject a slow one)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    demo = Demo(out, SCALES[scale], budget_minutes * 60.0, device, progress)
+    budget = Budget(budget_minutes * 60.0, strict_budget, clock)
+    demo = Demo(out, SCALES[scale], budget, device, progress)
     names = ["probe", *TRAINED, *STUDENTS, "bench", "report"]
     with logging_redirect_tqdm(), tqdm(total=len(names), desc="demo", unit="stage",
                                        disable=not progress, dynamic_ncols=True) as bar:
 
         def stage(name: str, fn: Callable[[], Any]) -> Any:
             bar.set_postfix_str(name)
-            result = demo.timed(name, fn)
+            result = budget.timed(name, fn)
             bar.update(1)
             return result
 
@@ -240,8 +342,9 @@ def run_demo(out: str | Path, *, budget_minutes: float = BUDGET_MINUTES,
         plan = demo.plan(step_s)
         for name in TRAINED:
             stage(name, lambda n=name: demo.train_model(n, plan["train_steps"]))
+            demo.replan_after_training(plan, step_s, name)
         distill_steps = demo.plan_distill(plan, step_s)
         for name in STUDENTS:
             stage(name, lambda n=name: demo.distill_student(n, distill_steps))
         stage("bench", demo.bench)
-        return stage("report", demo.report)
+        return stage("report", lambda: demo.report(plan))

@@ -20,10 +20,17 @@ from attnlab.bench.common import format_table, machine_info
 from attnlab.bench.plot import machine_label, plot_scaling
 from attnlab.report import frontier
 from attnlab.report.curves import curves_table, plot_quality
-from attnlab.report.figures import crossovers, headline, macs_rows, students
+from attnlab.report.figures import (
+    crossovers,
+    headline,
+    macs_rows,
+    mark_inconclusive,
+    students,
+)
 from attnlab.report.inputs import REPORT_JSON, ReportInputs
 from attnlab.report.plots import plot_macs, plot_sea_grid
 from attnlab.report.tables import (
+    budget_lines,
     crossover_lines,
     fmt,
     headline_table,
@@ -73,13 +80,15 @@ def build_report(
     inputs = dataclasses.replace(inputs, runs=sorted(
         inputs.runs, key=lambda r: order.get(r.name, len(order))))
     machine = next(iter(inputs.machines.values()), None) or machine_info()
-    rows = headline(inputs)
-    student_rows = students(inputs)
+    inconclusive = (inputs.demo or {}).get("shortfalls", [])
+    rows = mark_inconclusive(headline(inputs), "model", "training", inconclusive)
+    student_rows = mark_inconclusive(students(inputs), "student", "distillation", inconclusive)
     mac_rows = macs_rows(inputs)
     sea = [(n, s) for n, s in inputs.students if s.get("inference")]
     results: dict[str, Any] = {
         "machine": machine, "machines": inputs.machines, "sources": inputs.sources,
-        "demo": inputs.demo, "headline": rows, "students": student_rows,
+        "demo": inputs.demo, "inconclusive": inconclusive, "headline": rows,
+        "students": student_rows,
         "sea_grid": {n: s["inference"] for n, s in sea},
         "step_times": [r.to_json() for r in inputs.step_times],
         "scaling": {b: {"records": [r.to_json() for r in rs], "summary": summarize(rs),
@@ -102,6 +111,7 @@ def build_report(
                    "processes slow every candidate of a side-by-side measurement alike, but "
                    "they cut the steps the budget allows.", ""]
         md += [d["notes"], ""] if d.get("notes") else []
+        md += budget_lines(d)
 
     figures: dict[str, str] = results["figures"]
 
@@ -138,6 +148,8 @@ def build_report(
         what = "whole attention layers" if bench == "attention-layer" else "attention cores"
         key = f"scaling-{bench}"
         md += [f"## Attention time and memory against sequence length ({what})", "",
+               *[f"**Inconclusive**: {f['reason']}.\n" for f in inconclusive
+                 if f["stage"] == "benchmark"],
                format_summary(records), "",
                crossover_lines(results["scaling"][bench]["crossovers"]), ""]
         figure(key, f"{key}.png", lambda p, rs=records, w=what: plot_scaling(

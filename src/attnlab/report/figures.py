@@ -10,7 +10,7 @@ given for it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -153,4 +153,14 @@ def macs_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
         rows.append({"what": "train-step", "name": run.name, "seq_len": None,
                      "macs": cost["model_macs_per_token"] * rec.shape["tokens_per_step"],
                      "ms": rec.ms_median, "ratio": rec.ratio})
+    return rows
+
+
+def mark_inconclusive(rows: list[dict[str, Any]], key: str, stage: str,
+                      shortfalls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with ``inconclusive``: the reason their ``key`` (a model or student name) is
+    below the minimum of ``stage`` (a demo's ``shortfalls``), or None."""
+    for row in rows:
+        row["inconclusive"] = next((f["reason"] for f in shortfalls
+                                    if f["stage"] == stage and row[key] in f["names"]), None)
     return rows

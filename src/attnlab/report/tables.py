@@ -13,6 +13,29 @@ def fmt(value: Any, spec: str = ".3f", none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
 
+def name_cell(row: Mapping[str, Any], key: str) -> str:
+    """``row[key]``, flagged when the row is inconclusive (:func:`~attnlab.report.figures.
+    mark_inconclusive`)."""
+    return f"{row[key]} (inconclusive)" if row.get("inconclusive") else str(row[key])
+
+
+def budget_lines(demo: Mapping[str, Any]) -> list[str]:
+    """Markdown lines: the figures of a demo below their minimum, and what the demo decided
+    when its budget could not cover the minimums."""
+    md = []
+    if demo.get("shortfalls"):
+        md += ["**Inconclusive figures** (below the minimum they need to mean something):", ""]
+        md += [f"- {f['reason']}." for f in demo["shortfalls"]] + [""]
+    elif "minimums" in demo:
+        md += ["Every stage reached the minimum its figures need ("
+               + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in demo["minimums"].items())
+               + ").", ""]
+    if demo.get("decisions"):
+        md += ["What the demo did when the time left could not cover every minimum:", ""]
+        md += [f"- {d}." for d in demo["decisions"]] + [""]
+    return md
+
+
 def headline_table(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown of :func:`attnlab.report.figures.headline` rows."""
     if not rows:
@@ -25,7 +48,7 @@ def headline_table(rows: Sequence[dict[str, Any]]) -> str:
              "|" + "---|" * 11]
     for r in rows:
         lines.append(
-            f"| {r['model']} | {fmt(r['params'], ',')} | {fmt(r['tokens'], ',')} | "
+            f"| {name_cell(r, 'model')} | {fmt(r['params'], ',')} | {fmt(r['tokens'], ',')} | "
             f"{fmt(r['final'])} | {fmt(r['step_ms'], '.0f')} | {fmt(r['step_ratio'], '.2f')} "
             f"| {fmt(r['train_s'], '.1f')} | {fmt(r['reach_s'], '.1f', 'not reached')} | "
             f"{fmt(r['reach_ratio'], '.2f')} | {fmt(r['step_peak_mib'], '.0f')} | "
@@ -47,7 +70,8 @@ def students_table(rows: Sequence[dict[str, Any]]) -> str:
              "| teacher bpc | student bpc | train step ms | x teacher's |", "|" + "---|" * 10]
     for r in rows:
         lines.append(
-            f"| {r['student']} | {r['teacher']} | {r['steps']} | {fmt(r['teacher_ppl'])} | "
+            f"| {name_cell(r, 'student')} | {r['teacher']} | {r['steps']} | "
+            f"{fmt(r['teacher_ppl'])} | "
             f"{fmt(r['student_ppl'])} | {fmt(r['ppl_ratio'], '.2f')} | "
             f"{fmt(r['teacher_bpc'])} | {fmt(r['student_bpc'])} | "
             f"{fmt(r['step_ms'], '.0f')} | {fmt(r['step_ratio'], '.2f')} |")
@@ -105,19 +129,23 @@ def compact_table(results: Mapping[str, Any]) -> str:
         base, label = first["baseline"], metric_label(first["metric"])
         lines = [f"| model | {label} | step time x {base} | time to {base}'s quality x |",
                  "|---|---|---|---|"]
-        lines += [f"| {r['model']} | {fmt(r['final'])} | {fmt(r['step_ratio'], '.2f')} | "
+        lines += [f"| {name_cell(r, 'model')} | {fmt(r['final'])} | "
+                  f"{fmt(r['step_ratio'], '.2f')} | "
                   f"{fmt(r['reach_ratio'], '.2f', 'not reached' if r['reach_s'] is None else '-')}"
                   " |" for r in results["headline"]]
         blocks.append("\n".join(lines))
     if results["students"]:
         lines = ["| student | ppl | teacher ppl | x teacher |", "|---|---|---|---|"]
-        lines += [f"| {r['student']} | {fmt(r['student_ppl'])} | {fmt(r['teacher_ppl'])} | "
-                  f"{fmt(r['ppl_ratio'], '.2f')} |" for r in results["students"]]
+        lines += [f"| {name_cell(r, 'student')} | {fmt(r['student_ppl'])} | "
+                  f"{fmt(r['teacher_ppl'])} | {fmt(r['ppl_ratio'], '.2f')} |"
+                  for r in results["students"]]
         blocks.append("\n".join(lines))
     for bench, s in results["scaling"].items():
         lines = [f"| {bench} | faster than baseline from T = | best time ratio (at T) |",
                  "|---|---|---|"]
-        lines += [f"| {name} | {c['faster_from'] or 'never'} | {c['best_ratio']:.2f} "
-                  f"({c['best_at']}) |" for name, c in s["crossovers"].items()]
+        for name, c in s["crossovers"].items():
+            faster = c["faster_from"] or f"not up to {c['lengths'][-1]}"
+            lines.append(f"| {name} | {faster} | {c['best_ratio']:.2f} ({c['best_at']}) |")
         blocks.append("\n".join(lines))
+    blocks += [f"INCONCLUSIVE: {f['reason']}." for f in results.get("inconclusive", [])]
     return "\n\n".join(blocks)
