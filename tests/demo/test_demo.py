@@ -11,6 +11,7 @@ import pytest
 
 from attnlab.cli import main
 from attnlab.demo import run as demo_run
+from attnlab.demo.budget import Budget
 from attnlab.demo.plan import (
     BUDGET_MINUTES,
     DISTILL_STEP_FACTOR,
@@ -165,3 +166,19 @@ def test_a_strict_budget_marks_what_it_cuts_inconclusive(tmp_path, monkeypatch):
     assert all(r["inconclusive"] for r in results["students"])
     assert not any(r["inconclusive"] for r in results["headline"])
     assert "INCONCLUSIVE: performer distilled 1 steps" in compact_table(results)
+
+
+def test_shortfalls_name_each_figure_below_its_minimum(smoke_demo):
+    """Judged by the full demo's minimums, the smoke run's figures are all too small, and
+    Performer is inconclusive even with enough steps (calibrated not to converge)."""
+    demo = demo_run.Demo(smoke_demo, FULL, Budget(60.0), "cpu", progress=False)
+    found = demo.shortfalls({"train_tokens": 256, "distill_steps": 2})
+    by_stage = {f["stage"]: f for f in found}
+    assert "256 tokens, below the 400,000" in by_stage["training"]["reason"]
+    assert "reached 64 tokens, below the 8192" in by_stage["benchmark"]["reason"]
+    assert [f["names"] for f in found if f["stage"] == "distillation"] == [["sea"],
+                                                                           ["performer"]]
+    enough = demo.shortfalls({"train_tokens": 400_000, "distill_steps": 80})
+    assert [(f["stage"], f["names"]) for f in enough] == [
+        ("distillation", ["performer"]), ("benchmark", list(demo_run.LAYERS))]
+    assert "performer had not converged after 80 steps" in enough[0]["reason"]

@@ -275,10 +275,16 @@ class Demo:
                 f"each model trained on {plan['train_tokens']:,} tokens, below the "
                 f"{s.min_train_tokens:,} a comparison of architectures needs")})
         steps = plan.get("distill_steps", 0)
-        if steps < s.min_distill_steps:
-            found += [{"stage": "distillation", "names": [name], "reason": (
-                f"{name} distilled {steps} steps, below the {s.min_distill_steps} needed for "
-                "its loss to converge")} for name in STUDENTS]
+        for name in STUDENTS:
+            if steps < s.min_distill_steps:
+                reason = (f"{name} distilled {steps} steps, below the {s.min_distill_steps} "
+                          "needed for its perplexity to converge")
+            elif name in s.unconverged:
+                reason = (f"{name} had not converged after {steps} steps ({s.unconverged[name]}): "
+                          "its ratio is where it stands, not where it ends")
+            else:
+                continue
+            found.append({"stage": "distillation", "names": [name], "reason": reason})
         _, records = read_json(self.out / "bench-attention-layers.json")
         reached = max((r.shape["seq_len"] for r in records if r.ms_median is not None),
                       default=0)
