@@ -1,4 +1,3 @@
-import dataclasses
 import math
 
 import pytest
@@ -9,10 +8,22 @@ from attnlab.models import DecoderLM, ModelConfig
 POSITIONS = ["none", "learned", "rope", "xl"]
 
 
-def make_model(positions="rope", **kw):
+def make_model(positions="rope", core="sdpa", **kw):
     cfg = ModelConfig(vocab_size=40, d_model=32, n_layers=2, d_ff=64, max_seq_len=32,
-                      attention={"n_heads": 4, "positions": positions}, **kw)
+                      attention={"n_heads": 4, "positions": positions, "core": core}, **kw)
     return DecoderLM(cfg).double().eval()
+
+
+def decode_token_by_token(model, ids, prefix):
+    """Logits of ``ids`` from a pass over ``ids[:, :prefix]``, then one token at a time
+    through the cache; and the last cache."""
+    out = model(ids[:, :prefix], use_cache=True)
+    pieces, cache = [out.logits], out.cache
+    for t in range(prefix, ids.shape[1]):
+        out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+        pieces.append(out.logits)
+        cache = out.cache
+    return torch.cat(pieces, 1), cache
 
 
 def test_initial_loss_is_near_uniform():
@@ -28,34 +39,18 @@ def test_initial_loss_is_near_uniform():
 def test_cached_decoding_equals_full_forward(positions):
     model = make_model(positions)
     ids = torch.randint(0, 40, (2, 14))
-    full = model(ids).logits
-    out = model(ids[:, :5], use_cache=True)
-    pieces, cache = [out.logits], out.cache
-    for t in range(5, 14):
-        out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
-        pieces.append(out.logits)
-        cache = out.cache
-    assert (torch.cat(pieces, 1) - full).abs().max() < 1e-5
+    steps, _ = decode_token_by_token(model, ids, 5)
+    assert (steps - model(ids).logits).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope"])
 def test_a_window_model_decodes_from_a_bounded_cache(positions):
     """With the ``window`` core the cache stops growing at sinks + window - 1 keys, the
     positions keep counting, and cached decoding equals the full pass."""
-    model = make_model(positions)
-    model_cfg = dataclasses.replace(model.cfg, attention={
-        "n_heads": 4, "positions": positions, "core": {"name": "window", "sinks": 2,
-                                                         "window": 6}})
-    window = DecoderLM(model_cfg).double().eval()
+    model = make_model(positions, core={"name": "window", "sinks": 2, "window": 6})
     ids = torch.randint(0, 40, (2, 24))
-    full = window(ids).logits
-    out = window(ids[:, :9], use_cache=True)
-    pieces, cache = [out.logits], out.cache
-    for t in range(9, 24):
-        out = window(ids[:, t : t + 1], cache=cache, use_cache=True)
-        pieces.append(out.logits)
-        cache = out.cache
-    assert (torch.cat(pieces, 1) - full).abs().max() < 1e-10
+    steps, cache = decode_token_by_token(model, ids, 9)
+    assert (steps - model(ids).logits).abs().max() < 1e-10
     assert cache.length == 2 + 5 and cache.next_position == 24
 
 

@@ -207,7 +207,7 @@ class Demo:
         if not (run_dir / "summary.json").is_file():
             return False
         logger.info("%s: finished earlier, reusing %s", name, run_dir)
-        self.budget.planned_s.pop(name, None)  # no measure of this machine's pace
+        self.budget.planned_s.pop(name, None)  # says nothing of the pace
         return True
 
     def train_model(self, name: str, steps: int) -> None:
@@ -217,6 +217,7 @@ class Demo:
             return
         resume = (run_dir / "config.yaml").is_file()
         if resume:
+            self.budget.planned_s.pop(name, None)  # a part of the run says nothing of the pace
             cfg = load_run_config(run_dir / "config.yaml")
         else:
             s = self.scale
@@ -245,6 +246,8 @@ class Demo:
         if self._finished(name, run_dir):
             return
         resume = (run_dir / "distill.yaml").is_file()
+        if resume:
+            self.budget.planned_s.pop(name, None)  # a part of the run says nothing of the pace
         cfg = (load_distill_config(run_dir / "distill.yaml") if resume
                else self.distill_config(name, steps))
         distill(cfg, run_dir, resume=resume, progress=self.progress)
