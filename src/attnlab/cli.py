@@ -13,6 +13,7 @@ from pathlib import Path
 from attnlab import __version__
 from attnlab.config import builtin_config
 from attnlab.demo.plan import BUDGET_MINUTES as DEMO_BUDGET_MINUTES
+from attnlab.demo.plan import PRECISIONS as DEMO_PRECISIONS
 
 logger = logging.getLogger("attnlab")
 
@@ -135,7 +136,7 @@ def cmd_bench_expert_matmul(args: argparse.Namespace) -> int:
     records = expert_matmul.run(
         tokens=args.tokens, preset=args.preset, passes=args.passes, reps=args.reps,
         naive_reps=args.naive_reps, json_path=args.json, dtype=getattr(torch, args.dtype),
-        device=args.device,
+        device=args.device, backends=args.backends,
     )
     return print_records(records, args.json)
 
@@ -299,7 +300,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     results = run_demo(Path(args.out), budget_minutes=args.budget_minutes,
                        scale="smoke" if args.smoke else "full", device=args.device,
-                       progress=not args.quiet, strict_budget=args.strict_budget)
+                       progress=not args.quiet, strict_budget=args.strict_budget,
+                       precision=args.precision)
     print(compact_table(results))
     print(f"report: {Path(args.out) / 'report.md'}")
     return 0
@@ -381,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--passes", nargs="+", choices=["fwd", "fwdbwd"], default=["fwd", "fwdbwd"])
     p.add_argument("--reps", type=int, default=10, help="timed repetitions per candidate (>= 5)")
     p.add_argument("--naive-reps", type=int, default=5)
+    # attnlab.bench.expert_matmul.FORCEABLE, spelled out: that module imports torch
+    p.add_argument("--backends", nargs="+", choices=["grouped", "dense", "triton"], default=[],
+                   help="also time these backends forced (auto's choice is 'fast')")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
@@ -533,6 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="never go over the budget: a stage it cuts below its minimum is "
                         "marked inconclusive (default: keep every stage at its minimum and go "
                         "over the budget, saying by how much)")
+    p.add_argument("--precision", choices=DEMO_PRECISIONS, default="auto",
+                   help="how the models train: auto = bf16 autocast where the device computes "
+                        "bf16 natively, else fp32 (distillation and benchmark: fp32)")
     p.add_argument("--smoke", action="store_true",
                    help="toy sizes, every stage in seconds (for tests)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda")

@@ -28,6 +28,8 @@ from attnlab.demo.plan import (
 )
 from attnlab.demo.run import run_demo
 from attnlab.report import compact_table
+from attnlab.train import RunDirError, load_run_config
+from attnlab.utils.precision import native_bf16
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -97,6 +99,24 @@ def test_smoke_demo_leaves_report_plots_and_json(smoke_demo, capsys):
         assert data[:8] == PNG and len(data) > 10_000, name
     plan = json.loads((out / "plan.json").read_text())
     assert plan["train_steps"] == SMOKE.max_steps and plan["distill_steps"] == 2
+
+
+def test_the_models_train_in_the_precision_the_demo_records(smoke_demo):
+    """``auto``: bf16 autocast where the CPU computes bf16 natively; the students distil in
+    float32 whatever the models trained in."""
+    precision = json.loads((smoke_demo / "demo.json").read_text())["demo"]["precision"]
+    assert precision == ("bf16" if native_bf16("cpu") else "fp32")
+    assert json.loads((smoke_demo / "plan.json").read_text())["precision"] == precision
+    for name in TRAINED:
+        cfg = load_run_config(smoke_demo / "runs" / name / "config.yaml")
+        assert cfg.train.bf16 == (precision == "bf16"), name
+    other = "fp32" if precision == "bf16" else "bf16"
+    with pytest.raises(RunDirError, match=f"trained in {precision}; finish it with "
+                                          f"--precision {precision}"):
+        run_demo(smoke_demo, scale="smoke", progress=False, precision=other)
+    with pytest.raises(ValueError, match="precision must be one of auto, fp32, bf16"):
+        run_demo(smoke_demo / "never", scale="smoke", progress=False, precision="fp16")
+    assert not (smoke_demo / "never").exists()
 
 
 def test_a_rerun_reuses_every_finished_stage(smoke_demo, caplog):

@@ -30,7 +30,9 @@ from attnlab.utils.testing import assert_close, rel_rms_error
 
 F64 = torch.float64
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-if HAS_TRITON and not torch.cuda.is_available():
+# every backend runs on the GPU where there is one (Triton compiled for it), else on the CPU
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+if HAS_TRITON and DEVICE.type == "cpu":
     # must be set before attnlab.ops.expert_matmul.triton is imported (at its first use)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 TRITON = pytest.param(
@@ -52,11 +54,12 @@ def backend(request, monkeypatch):
 
 
 def _case(per_group, gated, dtype=F64, n=11, groups=3, k=2, experts=7, k_in=5, k_out=6):
-    """Random inputs (requiring grad) with distinct ids per group, like a top-k router."""
-    x = torch.randn((n, groups, k_in) if per_group else (n, k_in), dtype=dtype)
-    weight = torch.randn(experts, k_in, k_out, dtype=dtype) / k_in**0.5
-    sel = torch.rand(n, groups, experts).topk(k, dim=-1).indices
-    gate = torch.rand(n, groups, k, dtype=dtype) if gated else None
+    """Random inputs (requiring grad) on ``DEVICE`` with distinct ids per group, like a top-k
+    router."""
+    x = torch.randn((n, groups, k_in) if per_group else (n, k_in), dtype=dtype, device=DEVICE)
+    weight = torch.randn(experts, k_in, k_out, dtype=dtype, device=DEVICE) / k_in**0.5
+    sel = torch.rand(n, groups, experts, device=DEVICE).topk(k, dim=-1).indices
+    gate = torch.rand(n, groups, k, dtype=dtype, device=DEVICE) if gated else None
     leaves = [t.requires_grad_() for t in (x, weight, gate) if t is not None]
     return x, weight, sel, gate, leaves
 
@@ -159,7 +162,7 @@ def test_zero_and_one_row(backend, n, reduce):
 @pytest.mark.parametrize("backend", FAST, indirect=True)
 def test_duplicate_ids_in_a_group_are_summed(backend):
     x, weight, _, _, _ = _case(False, False)
-    sel = torch.full((11, 3, 2), 4)
+    sel = torch.full((11, 3, 2), 4, device=DEVICE)
     out = expert_matmul(x, weight, sel, backend=backend)
     assert_close("out", 2 * (x @ weight[4]).unsqueeze(1).expand(-1, 3, -1), out, 1e-12)
 
@@ -192,7 +195,8 @@ ERRORS = {
     "groups": (lambda a: a.update(x=a["x"][:, None].expand(-1, 2, -1)), "2 groups but sel has G=3"),
     "gate-shape": (lambda a: a.update(gate=a["gate"][..., :1]), "gate shape"),
     "k-greater-than-E": (
-        lambda a: a.update(sel=torch.zeros(11, 3, 8, dtype=torch.long), gate=None),
+        lambda a: a.update(sel=torch.zeros(11, 3, 8, dtype=torch.long, device=DEVICE),
+                           gate=None),
         "k=8 slots per group but weight has only E=7",
     ),
     "x-1d": (lambda a: a.update(x=a["x"][0]), r"x must be \[N, K_in\]"),
@@ -244,7 +248,7 @@ def test_grouped_backward_saves_no_per_slot_input_rows(backend, per_group):
 def _imbalanced(n=40, groups=2, k=2, experts=6):
     """Ids where expert 0 is in almost every group: E * max(count) is ~E/k times the slots."""
     sel = torch.stack([torch.zeros(n, groups, dtype=torch.long),
-                       torch.randint(1, experts, (n, groups))], dim=-1)
+                       torch.randint(1, experts, (n, groups))], dim=-1).to(DEVICE)
     return sel[..., :k]
 
 
@@ -296,8 +300,11 @@ def test_auto_rule(monkeypatch):
     assert choose_backend(layout(8, 2, 2, per_group=True, reduce="all"), cpu) == "dense"  # O
     assert choose_backend(layout(16, 1, 1), cpu) == "grouped"  # 16x MACs
     assert choose_backend(layout(10, 2, 2), cpu) == "grouped"  # 2.5x: SwitchHead 47M V
+    cuda = torch.device("cuda")  # dense up to 4x the MACs, triton only when asked for
     monkeypatch.setattr("attnlab.ops.expert_matmul.dispatch.triton_available", lambda: True)
-    assert choose_backend(layout(4, 1, 2), torch.device("cuda")) == "triton"
+    assert choose_backend(layout(10, 2, 2), cuda) == "dense"  # 2.5x: SwitchHead 47M V
+    assert choose_backend(layout(16, 1, 4), cuda) == "dense"  # 4x: SwitchAll 47M sigma-MoE
+    assert choose_backend(layout(16, 1, 1), cuda) == "grouped"
 
 
 def test_macs():

@@ -7,7 +7,9 @@ run per pass:
 * ``fast``: ``expert_matmul`` with ``backend="auto"`` (the backend it picked is logged);
 * ``naive``: the gather-einsum reference (fewer reps: it is slow);
 * ``dense-equal-macs``: the baseline, one plain matmul doing the same useful MACs
-  (V: ``[N, d] @ [d, H*k*d_head]``; O: ``[N, H*k*d_head] @ [H*k*d_head, d]``).
+  (V: ``[N, d] @ [d, H*k*d_head]``; O: ``[N, H*k*d_head] @ [H*k*d_head, d]``);
+* with ``backends``, each named backend forced (``grouped``, ``dense``, ``triton``), to see
+  whether "auto" picks the fastest one on this machine.
 
 Inputs are routed like SwitchHead: per head, sigmoid scores over its E experts, top-k, ids
 ``h * E + e``, gate = the selected scores.
@@ -33,13 +35,19 @@ from attnlab.bench.common import (
     time_side_by_side,
     write_json,
 )
-from attnlab.ops.expert_matmul import choose_backend, expert_matmul, expert_matmul_naive
+from attnlab.ops.expert_matmul import (
+    BACKENDS,
+    choose_backend,
+    expert_matmul,
+    expert_matmul_naive,
+)
 from attnlab.ops.expert_matmul.layout import check_inputs
 
 logger = logging.getLogger(__name__)
 
 BENCH = "expert_matmul"
 BASELINE = "dense-equal-macs"
+FORCEABLE = tuple(b for b in BACKENDS if b not in ("auto", "naive"))
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,8 @@ def _routing(n: int, p: Preset, gen: torch.Generator, dtype: torch.dtype, device
 
 
 def _problem(
-    projection: str, n: int, p: Preset, dtype: torch.dtype, device: torch.device, seed: int
+    projection: str, n: int, p: Preset, dtype: torch.dtype, device: torch.device, seed: int,
+    backends: Sequence[str] = (),
 ) -> _Problem:
     gen = torch.Generator().manual_seed(seed)
 
@@ -100,6 +109,9 @@ def _problem(
         "naive": (lambda: expert_matmul_naive(x, weight, sel, gate, reduce=reduce), moe_leaves),
         BASELINE: (lambda: dense_x @ dense_w, [dense_x, dense_w]),
     }
+    for b in backends:
+        candidates[b] = (lambda b=b: expert_matmul(x, weight, sel, gate, reduce=reduce,
+                                                   backend=b), moe_leaves)
     shape = {"projection": projection, "tokens": n, "d_model": p.d_model, "heads": p.heads,
              "experts": p.experts, "k": p.k, "d_head": p.d_head, "dtype": str(dtype)[6:]}
     return _Problem(shape, candidates, choose_backend(layout, device))
@@ -116,18 +128,23 @@ def run(
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
     seed: int = 0,
+    backends: Sequence[str] = (),
 ) -> list[Record]:
-    """Benchmark V and O at ``preset`` with ``tokens`` rows; returns the records (ratios
-    against ``dense-equal-macs`` filled) and writes them to ``json_path`` when given."""
+    """Benchmark V and O at ``preset`` with ``tokens`` rows, and each of ``backends``
+    (:data:`FORCEABLE`) forced; returns the records (ratios against ``dense-equal-macs``
+    filled) and writes them to ``json_path`` when given."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
+    wrong = [b for b in backends if b not in FORCEABLE]
+    if wrong:
+        raise ValueError(f"unknown backends {wrong}; valid: {', '.join(FORCEABLE)}")
     unknown = [p for p in passes if p not in PASSES]
     if unknown:
         raise ValueError(f"unknown passes {unknown}; known: {PASSES}")
     dev = torch.device(device)
     records: list[Record] = []
     for projection in ("V", "O"):
-        prob = _problem(projection, tokens, PRESETS[preset], dtype, dev, seed)
+        prob = _problem(projection, tokens, PRESETS[preset], dtype, dev, seed, backends)
         logger.info("%s projection: fast = auto backend %r", projection, prob.fast_backend)
         for pass_ in passes:
             calls = {

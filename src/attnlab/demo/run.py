@@ -46,6 +46,7 @@ from attnlab.demo.plan import (
     BASELINE,
     BUDGET_MINUTES,
     LAYERS,
+    PRECISIONS,
     SCALES,
     STUDENTS,
     TEACHER,
@@ -63,6 +64,7 @@ from attnlab.report import build_report, collect
 from attnlab.train import RunDirError, load_run_config, train
 from attnlab.train.config import RunConfig
 from attnlab.utils.io import atomic_write_json
+from attnlab.utils.precision import native_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -77,22 +79,35 @@ NOTES = (
     "as an attention layer of dense-h8-rope's shape (SwitchHead with RoPE); its SEA, "
     "Performer and Reformer are untrained (speed and memory do not depend on the weights).")
 
+BF16_NOTE = (" The four models train under bfloat16 autocast (this device computes bf16 "
+             "natively); the distillation and the benchmark run in float32.")
+
 
 class Demo:
     """One invocation of the demo in ``out``, timed by ``budget``."""
 
     def __init__(self, out: Path, scale: Scale, budget: Budget, device: str,
-                 progress: bool) -> None:
+                 progress: bool, precision: str = "auto") -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, "
+                             f"got {precision!r}")
         self.out, self.scale, self.budget, self.progress = out, scale, budget, progress
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" \
             else device
         self.cuda = self.device.startswith("cuda")
+        self.bf16 = precision == "bf16" or (precision == "auto" and native_bf16(self.device))
+        self.precision = "bf16" if self.bf16 else "fp32"
         self.load_start = os.getloadavg()[0]
 
     def config(self, source: str, overrides: tuple[str, ...] = ()) -> RunConfig:
         """A built-in config with the scale's and the given overrides, on the demo's device."""
         return load_run_config(builtin_config(source), [
             *self.scale.overrides, *overrides, f"train.device={self.device}"])
+
+    def trained_config(self, name: str, overrides: tuple[str, ...] = ()) -> RunConfig:
+        """The config model ``name`` of :data:`TRAINED` trains with (bf16 autocast if the
+        demo trains in bf16; distillation and the benchmark stay in float32)."""
+        return self.config(TRAINED[name], (f"train.bf16={str(self.bf16).lower()}", *overrides))
 
     def check_the_rest(self, plan: dict[str, Any], rest_s: float, what: str) -> None:
         """After a stage: if the rest (``rest_s`` at the measured pace) no longer fits, say
@@ -109,7 +124,8 @@ class Demo:
         """Seconds per training step of every model and student architecture, side by side."""
         path = self.out / "probe.json"
         if not path.is_file():
-            cfgs = {name: self.config(src) for name, src in {**TRAINED, **STUDENTS}.items()}
+            cfgs = {**{name: self.trained_config(name) for name in TRAINED},
+                    **{name: self.config(src) for name, src in STUDENTS.items()}}
             train_step.run_configs(cfgs, steps=self.scale.reps, json_path=path,
                                    device=self.device)
         else:
@@ -137,6 +153,10 @@ class Demo:
             if plan["scale"] != self.scale.name:
                 raise RunDirError(f"{self.out} holds a {plan['scale']} demo; finish it with "
                                   f"that mode or give another --out")
+            if plan.get("precision", "fp32") != self.precision:
+                raise RunDirError(f"{self.out} holds a demo trained in {plan.get('precision')};"
+                                  f" finish it with --precision {plan.get('precision')} or "
+                                  "give another --out")
         else:
             s, left = self.scale, self.budget.remaining()
             min_steps = s.min_train_steps(tokens)
@@ -149,7 +169,8 @@ class Demo:
             steps = plan_train_steps(trained, seconds, s, tokens,
                                      floor=1 if self.budget.strict else min_steps)
             plan = {"scale": s.name, "budget_s": self.budget.budget_s, "train_steps": steps,
-                    "train_tokens": steps * tokens, "strict_budget": self.budget.strict}
+                    "train_tokens": steps * tokens, "strict_budget": self.budget.strict,
+                    "precision": self.precision}
             logger.info("plan: %d training steps (%d tokens) per model in ~%.0f s; every "
                         "stage at its minimum needs ~%.0f s of the %.0f s left", steps,
                         steps * tokens, seconds, needed, left)
@@ -222,8 +243,8 @@ class Demo:
         else:
             s = self.scale
             every = max(1, steps // s.evals)
-            warmup = min(self.config(TRAINED[name]).train.warmup_steps, max(1, steps // 10))
-            cfg = self.config(TRAINED[name], (
+            warmup = min(self.trained_config(name).train.warmup_steps, max(1, steps // 10))
+            cfg = self.trained_config(name, (
                 f"train.steps={steps}", f"train.eval_every={every}",
                 f"train.ckpt_every={every}", f"train.warmup_steps={warmup}",
                 f"train.eval_tokens={s.eval_tokens}",
@@ -307,11 +328,12 @@ class Demo:
                 "planned_s": self.budget.planned_s, "device": self.device, "cpus": os.cpu_count(),
                 "load_avg": [self.load_start, os.getloadavg()[0]],
                 "strict_budget": self.budget.strict,
+                "precision": self.precision,
                 "minimums": {"train_tokens": s.min_train_tokens,
                              "distill_steps": s.min_distill_steps,
                              "bench_seq_len": s.bench_min_len(self.cuda)},
                 "decisions": plan.get("decisions", []), "shortfalls": self.shortfalls(plan),
-                "notes": NOTES}
+                "notes": NOTES + (BF16_NOTE if self.bf16 else "")}
         atomic_write_json(self.out / "demo.json", {"demo": demo})
         inputs = collect([self.out / "probe.json", *[self.out / "runs" / n for n in TRAINED],
                           *[self.out / "runs" / n for n in STUDENTS],
@@ -326,17 +348,18 @@ class Demo:
 
 def run_demo(out: str | Path, *, budget_minutes: float = BUDGET_MINUTES,
              scale: str = "full", device: str = "auto", progress: bool = True,
-             strict_budget: bool = False,
+             strict_budget: bool = False, precision: str = "auto",
              clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
     """Run (or finish) the demo in ``out``; returns the report's results dict. ``scale``:
     ``full`` or ``smoke`` (:data:`attnlab.demo.plan.SCALES`); ``strict_budget``: keep the
     budget and mark the stages it cuts below their minimum inconclusive (default: keep the
-    minimums and go over the budget, saying by how much); ``clock``: seconds for the budget
+    minimums and go over the budget, saying by how much); ``precision``: how the models train
+    (:data:`~attnlab.demo.plan.PRECISIONS`); ``clock``: seconds for the budget
     (tests inject a slow one)."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     budget = Budget(budget_minutes * 60.0, strict_budget, clock)
-    demo = Demo(out, SCALES[scale], budget, device, progress)
+    demo = Demo(out, SCALES[scale], budget, device, progress, precision)
+    out.mkdir(parents=True, exist_ok=True)
     names = ["probe", *TRAINED, *STUDENTS, "bench", "report"]
     with logging_redirect_tqdm(), tqdm(total=len(names), desc="demo", unit="stage",
                                        disable=not progress, dynamic_ncols=True) as bar:

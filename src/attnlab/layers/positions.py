@@ -52,9 +52,11 @@ class RopeOptions:
 
 
 def rotate_half_split(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
-    """Rotate the first ``2 * len(inv_freq)`` channels of ``x [..., T, D]`` (NeoX layout)."""
+    """Rotate the first ``2 * len(inv_freq)`` channels of ``x [..., T, D]`` (NeoX layout);
+    angles in float32, or float64 for float64 ``x``."""
     n_rot = 2 * inv_freq.numel()
-    angles = positions[:, None].to(torch.float32) * inv_freq[None, :]
+    wide = torch.promote_types(x.dtype, torch.float32)
+    angles = positions[:, None].to(wide) * inv_freq[None, :].to(wide)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x_rot, x_pass = x[..., :n_rot], x[..., n_rot:]
     x1, x2 = x_rot.chunk(2, dim=-1)
@@ -94,11 +96,12 @@ class XLOptions:
     content_bias: bool = True  # global u/v biases of Transformer-XL (SwitchHead uses none)
 
 
-def sinusoid(distances: Tensor, dim: int) -> Tensor:
-    """Transformer-XL sinusoidal embedding ``[n, dim]`` of integer distances ``[n]``."""
-    channels = torch.arange(0, dim, 2, dtype=torch.float32, device=distances.device)
+def sinusoid(distances: Tensor, dim: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Transformer-XL sinusoidal embedding ``[n, dim]`` of integer distances ``[n]``, computed
+    in ``dtype``."""
+    channels = torch.arange(0, dim, 2, dtype=dtype, device=distances.device)
     inv_freq = 10000.0 ** (-channels / dim)
-    angles = distances.to(torch.float32)[:, None] * inv_freq[None, :]
+    angles = distances.to(dtype)[:, None] * inv_freq[None, :]
     return torch.cat((angles.sin(), angles.cos()), dim=-1)[:, :dim]
 
 
@@ -130,7 +133,8 @@ class XLRelativePositions(Positions):
         rel = q_positions[:, None] - k_positions[None, :]  # [Tq, Tk]
         lo = 0 if self.causal else int(rel.min())  # smallest distance a visible pair can have
         distances = torch.arange(lo, max(int(rel.max()), 0) + 1, device=q.device)
-        r = self.pos_proj(sinusoid(distances, self.d_model).to(q.dtype)) * qk_prescale
+        wide = torch.promote_types(q.dtype, torch.float32)
+        r = self.pos_proj(sinusoid(distances, self.d_model, wide).to(q.dtype)) * qk_prescale
         r = r.view(-1, self.n_heads, self.d_head).transpose(0, 1)  # [H, n_dist, D]
         q_r = q if self.v_bias is None else q + self.v_bias[None, :, None, :]
         by_distance = torch.einsum("bhid,hnd->bhin", q_r, r)  # [B, H, Tq, n_dist]

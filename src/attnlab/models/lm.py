@@ -160,9 +160,10 @@ class DecoderLM(nn.Module):
             new_layers.append(layer_cache)
         logits = self.lm_head(self.ln_f(x))
         loss = None
-        if targets is not None:
+        if targets is not None:  # in float32 under bf16 autocast, never narrower than the logits
+            wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
             loss = F.cross_entropy(
-                logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
+                wide.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
             )
         aux_loss = sum(aux.values(), torch.zeros((), device=logits.device))
         return LMOutput(logits, loss, aux_loss, aux, ModelCache(new_layers) if use_cache else None)

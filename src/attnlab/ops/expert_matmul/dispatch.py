@@ -1,10 +1,10 @@
 """``expert_matmul``: validation, then the chosen backend.
 
-``backend="auto"`` (``choose_backend``) runs "triton" for CUDA tensors when triton is
-importable; otherwise "dense" when its MAC overhead ``dense_mac_ratio`` (``E / (G * k)``, or
-``E / k`` for per-group input not reduced over groups) is at most ``DENSE_MAX_RATIO``, else
-"grouped" (which itself pads to one bmm or loops over experts, by the routing it sees:
-``segments.PAD_MAX_WASTE``).
+``backend="auto"`` (``choose_backend``) runs "dense" when its MAC overhead ``dense_mac_ratio``
+(``E / (G * k)``, or ``E / k`` for per-group input not reduced over groups) is at most the
+device's ``DENSE_MAX_RATIO``, else "grouped" (which itself pads to one bmm or loops over
+experts, by the routing it sees: ``segments.PAD_MAX_WASTE``). "triton" runs only when asked
+for: on an H200 it is the slowest of the three (below).
 
 Measurements behind the threshold (2-core AMD EPYC, torch 2.13 CPU, 2 threads; SwitchHead-style
 routing, so "grouped" ran padded; dense time / grouped time, so < 1 means dense is faster; the
@@ -23,6 +23,18 @@ clearly: fp32 fwd+bwd 0.86/0.83 at N=2048 and 0.70/0.77 at N=4096, fwd 0.47-0.59
 So the threshold stays 2.0 for every dtype, although bf16 at the 47M widths ties at 1.5 and
 would prefer grouped at 2.0 (a size- and dtype-dependent rule was not worth it). At 2.5
 (SwitchHead 47M) grouped wins fwd+bwd and ties the forward.
+
+On CUDA (NVIDIA H200, torch 2.11, bf16, N = 65536, ratio 2.5, medians of 10 alternated reps;
+docs/results/gpu-h200/bench-expert-matmul-h200.json), ms fwd / fwd+bwd::
+
+           dense       grouped     triton      (one plain matmul of the useful MACs)
+    V      0.87/2.01   1.55/3.83   1.78/8.40   0.21/0.85
+    O      0.89/2.01   2.18/3.62   2.91/7.56   0.20/0.86
+
+Dense is 1.8-2.4x faster than grouped at 2.5x the MACs, so it stays ahead up to a MAC overhead
+of about 4.5 if grouped ran at the matmul's own rate: the CUDA threshold is 4.0, measured only
+at 2.5. The Triton kernel (32x32x32 tiles, atomic scatter, untuned) is correct on the GPU
+(tests/test_cuda.py) but 2-4x slower than dense.
 """
 
 from __future__ import annotations
@@ -41,9 +53,9 @@ from attnlab.ops.expert_matmul.layout import Layout, check_inputs
 from attnlab.ops.expert_matmul.naive import expert_matmul_naive
 
 BACKENDS = ("auto", "grouped", "dense", "naive", "triton")
-DENSE_MAX_RATIO = 2.0
-"""Largest dense/useful MAC ratio at which "auto" picks the dense backend (see the module
-docstring)."""
+DENSE_MAX_RATIO = {"cpu": 2.0, "cuda": 4.0}
+"""Per device type, the largest dense/useful MAC ratio at which "auto" picks the dense backend
+(see the module docstring); other device types use the CPU's."""
 
 
 @functools.cache
@@ -54,9 +66,8 @@ def triton_available() -> bool:
 
 def choose_backend(layout: Layout, device: torch.device) -> str:
     """The backend that ``backend="auto"`` runs for a call of this layout on this device."""
-    if device.type == "cuda" and triton_available():
-        return "triton"
-    return "dense" if dense_mac_ratio(layout) <= DENSE_MAX_RATIO else "grouped"
+    limit = DENSE_MAX_RATIO.get(device.type, DENSE_MAX_RATIO["cpu"])
+    return "dense" if dense_mac_ratio(layout) <= limit else "grouped"
 
 
 def _triton_backend(
