@@ -16,8 +16,9 @@ output row ``slot // out_div``.
   K_out]`` buffer, so bf16 inputs get fp32 accumulation across tiles.
 
 No ``[M, K]`` intermediate is formed; saved for backward are x, weight, gate and the slot map.
-TF32 is off (``input_precision="ieee"``). Verified only under ``TRITON_INTERPRET=1`` on CPU
-(fp64, fp32, bf16): no GPU was available while it was written, so its speed is unmeasured.
+TF32 is off (``input_precision="ieee"``). Tested under ``TRITON_INTERPRET=1`` on CPU and
+compiled on an NVIDIA H200 (fp64, fp32, bf16; tests/test_cuda.py). There, untuned, it is 2-4x
+slower than the dense backend (see ``dispatch``), so "auto" never picks it.
 """
 
 from __future__ import annotations
