@@ -564,7 +564,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         tune_cpu_allocator()
     from attnlab.config import ConfigError
     from attnlab.train import CheckpointError, RankFailure, RunDirError, TrainingDiverged
+    from attnlab.utils.device import resolve_device
 
+    try:
+        if getattr(args, "device", None) not in (None, "auto"):
+            resolve_device(args.device)  # before any work: a missing GPU is one line, exit 2
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     try:
         return args.func(args)
     except (ConfigError, RunDirError, CheckpointError, TrainingDiverged, RankFailure,

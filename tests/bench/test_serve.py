@@ -157,8 +157,6 @@ def test_validation():
         serve_inputs.resolve_dtypes(["float16"], cpu)
     with pytest.raises(ValueError, match="'fp8'.*valid: float32, bfloat16"):
         serve_inputs.resolve_dtypes(["fp8"], cpu)
-    with pytest.raises(ValueError, match="unknown device"):
-        serve_inputs.resolve_device("tpu")
     kwargs = {"cores": [SEA], "progress": False}
     with pytest.raises(ValueError, match="batches must be positive"):
         serve.run(seq_lens=[32], batches=[0], **kwargs)

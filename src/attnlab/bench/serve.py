@@ -85,12 +85,12 @@ from attnlab.bench.serve_inputs import (
     padding_label,
     positions,
     random_cache,
-    resolve_device,
     validated_grid,
 )
 from attnlab.bench.serve_report import plot_decode, summarize
 from attnlab.config import ConfigError, PartSpec
 from attnlab.hf.cache import InPlaceCache
+from attnlab.utils.device import resolve_device
 
 logger = logging.getLogger(__name__)
 

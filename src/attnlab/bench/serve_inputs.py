@@ -1,4 +1,4 @@
-"""The inputs of ``attnlab bench serve`` and the checks of its sizes: devices, dtypes,
+"""The inputs of ``attnlab bench serve`` and the checks of its sizes: dtypes,
 left-padded prompts and masks, and random KV caches of a model's shape."""
 
 from __future__ import annotations
@@ -22,25 +22,6 @@ NO_RANDOM_CACHE = {"reformer": "it shares queries and keys, so it cannot decode 
 """Cores that cannot start decoding from a cache they did not fill (why)."""
 
 # ---------------------------------------------------------------- validation
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``device`` as a ``torch.device``; ``ValueError`` when it is not ``cpu`` or an available
-    ``cuda`` device."""
-    try:
-        dev = torch.device(device)
-    except RuntimeError as err:
-        raise ValueError(f"unknown device {device!r}; valid: cpu, cuda, cuda:N") from err
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {str(device)!r} is not available: torch finds no CUDA "
-                             "GPU (or was built without CUDA); use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {str(device)!r} is not available: "
-                             f"{torch.cuda.device_count()} CUDA device(s)")
-    elif dev.type != "cpu":
-        raise ValueError(f"device {str(device)!r} is not supported; valid: cpu, cuda, cuda:N")
-    return dev
 
 
 def resolve_dtypes(names: Sequence[str], device: torch.device) -> list[torch.dtype]:
