@@ -14,13 +14,15 @@ from attnlab.demo import run as demo_run
 from attnlab.demo.budget import Budget
 from attnlab.demo.plan import (
     BUDGET_MINUTES,
-    DISTILL_STEP_FACTOR,
+    DISTILL_STEP_FACTORS,
     FULL,
     SAFETY,
     SMOKE,
+    SPEED_PROBE,
     STUDENTS,
     TRAINED,
     DistillCost,
+    bench_min_seconds,
     distill_seconds,
     plan_distill_steps,
     plan_train_steps,
@@ -48,10 +50,11 @@ def test_training_steps_fill_the_budget_equally():
 
 
 def test_distillation_steps_pay_for_the_teacher_and_the_evaluations():
-    plain = DistillCost({"s": 1.0}, 1.0, 2048, 8192, 32768, {})
-    with_grid = dataclasses.replace(plain, grid={"s": 9})
+    plain = DistillCost({"sea": 1.0}, 1.0, 2048, 8192, 32768, {})
+    with_grid = dataclasses.replace(plain, grid={"sea": 9})
     steps = plan_distill_steps(plain, 600.0, FULL)
-    assert steps == int((SAFETY * 600.0 - 3.0 - 2 * 16 / 3) / (DISTILL_STEP_FACTOR + 0.5))
+    assert steps == int((SAFETY * 600.0 - 3.0 - 2 * 16 / 3) / (DISTILL_STEP_FACTORS["sea"] + 0.5))
+    assert set(DISTILL_STEP_FACTORS) == set(STUDENTS)
     assert plan_distill_steps(with_grid, 600.0, FULL) < steps
     assert plan_distill_steps(plain, 1.0, FULL, floor=80) == 80
     assert plan_distill_steps(plain, distill_seconds(plain, 90) + 1e-6, FULL) == 90
@@ -67,9 +70,10 @@ def test_the_minimums_fit_the_reference_machine_in_the_default_budget():
     cost = DistillCost({n: probe[n] for n in STUDENTS}, probe["dense-h8-rope"], 2048, 8192,
                        32768, {"sea": 9})
     needed = (train_seconds(trained, FULL.min_train_steps(2048), FULL, 2048)
-              + distill_seconds(cost, FULL.min_distill_steps) + FULL.bench_reference_s
-              + FULL.report_reserve_s)
+              + distill_seconds(cost, FULL.min_distill_steps)
+              + bench_min_seconds(FULL, probe[SPEED_PROBE], cuda=False) + FULL.report_reserve_s)
     assert needed < 0.8 * (BUDGET_MINUTES * 60 - 20)  # 20 s: the probe
+    assert SPEED_PROBE in STUDENTS  # probed in float32, as the benchmark runs
 
 
 @pytest.fixture(scope="module")

@@ -67,10 +67,14 @@ model, checkpoints), assumed by the planner."""
 FORWARD_FRACTION = 1 / 3
 """An evaluation forward costs about this fraction of a training step on as many tokens."""
 
-DISTILL_STEP_FACTOR = 1.8
-"""A student's distillation step costs about this multiple of its plain training step (the
-probed one): the teacher-target attention losses send gradients into q and k and are
-recomputed in backward (measured 1.8x for SEA, 1.2x for Performer on 2 CPU cores)."""
+DISTILL_STEP_FACTORS: dict[str, float] = {"sea": 1.5, "performer": 1.0}
+"""What a student's distillation step costs, as a multiple of its probed plain training step
+(besides the teacher's forward): the teacher-target attention losses send gradients into q
+and k and are recomputed in backward. Solved from two demos of 2026-12-04 on the reference
+machine (113 and 115 steps; the first in docs/results/demo-calibration-cpu/demo-distill-
+factors.json): SEA 1.65 and 1.35, Performer 0.95 and 1.0 against the probe
+(:meth:`attnlab.demo.run.Demo.probe`); the first calibration's 1.8 for both left a quarter of
+the distillation's time unused."""
 
 SAFETY = 0.92
 """The planners fill this fraction of the seconds they are given (step times drift)."""
@@ -92,11 +96,11 @@ class Scale:
     (``gpu_min_seq_len``), skipping on CPU a layer whose peak would pass ``cpu_max_mem_gb`` GiB
     (the machine is shared); ``bench_reference_s`` is what the benchmark took up to
     ``min_seq_len`` on the reference machine (:data:`REFERENCE_PROBE_S`); ``reps`` are the
-    timed repetitions of every side-by-side measurement. ``train_share`` is the part of the
-    time left after the probe, every stage's minimum and the benchmark's share that training
-    gets beyond its minimum; the benchmark gets ``bench_share`` of the budget, or its minimum
-    if that is more; ``report_reserve_s`` is kept for the
-    report.
+    timed repetitions of every side-by-side measurement, ``probe_reps`` those of the probe
+    (the training steps are planned from it once, so it gets more). ``train_share`` is the
+    part of the time left after the probe, every stage's minimum and the benchmark's share
+    that training gets beyond its minimum; the benchmark gets ``bench_share`` of the budget,
+    or its minimum if that is more; ``report_reserve_s`` is kept for the report.
     """
 
     name: str
@@ -117,8 +121,9 @@ class Scale:
     bench_reference_s: float = 0.0
     cpu_max_mem_gb: float = 4.0
     reps: int = 5
-    train_share: float = 0.62
-    bench_share: float = 0.12
+    probe_reps: int = 5
+    train_share: float = 0.95
+    bench_share: float = 0.03
     report_reserve_s: float = 20.0
 
     def min_train_steps(self, tokens_per_step: int) -> int:
@@ -130,6 +135,12 @@ class Scale:
 
 FULL = Scale(
     "full",
+    # dense-h8 alone, bf16 autocast, the demo's evaluation sizes (docs/results/demo-lr-cpu):
+    # 2.656 / 2.632 bits per character after 680 steps at lr 5e-3 / 4e-3, 2.573 / 2.575 after
+    # 800 at 4e-3 / 3e-3 (configs/tiny's 2e-3 gave 2.643 after 600 in float32); earlier, 430
+    # steps: 2.887 / 2.941 / 3.04 at 4e-3 / 8e-3 / 1.6e-2. The tiny configs keep 2e-3 (600
+    # steps); the demo's shorter runs learn fastest at 4e-3.
+    overrides=("train.lr=4e-3",),
     # dense-h8's held-out bits per character in the reference run (docs/results/demo-cpu):
     # 3.85 at 174k tokens, 3.43 at 348k, 3.20 at 522k, 3.03 at 702k. Before ~400k tokens one
     # evaluation interval moves a model by more than the gaps between the architectures at the
@@ -151,6 +162,9 @@ FULL = Scale(
     # (flash) stays ahead longer, so 32768.
     min_seq_len=8192,
     bench_reference_s=20.0,
+    # the training steps are planned once from the probe: with 5 steps, two probes of one
+    # machine 13 minutes apart put dense-h8 at 217 and 259 ms (704 and 648 planned steps)
+    probe_reps=11,
 )
 """The default: fits ``--budget-minutes`` (13 by default) on 2 CPU cores, more steps and
 longer sequences on a GPU."""
@@ -170,16 +184,19 @@ SMOKE = Scale(
 
 SCALES = {s.name: s for s in (FULL, SMOKE)}
 
-REFERENCE_PROBE_S = 0.373
-"""The reference machine's probed training step of the baseline (2-core EPYC, fp32)."""
+SPEED_PROBE = "performer"
+"""The probed architecture that says how fast this machine is in float32, as the benchmark
+runs (students are probed in float32 whatever ``--precision``)."""
+
+REFERENCE_PROBE_S = 0.205
+"""The reference machine's probed training step of :data:`SPEED_PROBE` (2-core EPYC, fp32)."""
 
 
-
-def bench_min_seconds(scale: Scale, baseline_step_s: float, cuda: bool) -> float:
+def bench_min_seconds(scale: Scale, speed_step_s: float, cuda: bool) -> float:
     """Predicted seconds of the benchmark up to its minimum length: the reference machine's,
-    scaled by how much slower this machine's probed baseline step is (0 on CUDA, which has no
-    reference: the benchmark still measures up to its minimum length)."""
-    return 0.0 if cuda else scale.bench_reference_s * baseline_step_s / REFERENCE_PROBE_S
+    scaled by how much slower this machine's probed :data:`SPEED_PROBE` step is (0 on CUDA,
+    which has no reference: the benchmark still measures up to its minimum length)."""
+    return 0.0 if cuda else scale.bench_reference_s * speed_step_s / REFERENCE_PROBE_S
 
 
 def _clamp(value: float, lo: int, hi: int) -> int:
@@ -224,9 +241,10 @@ class DistillCost:
     grid: Mapping[str, int]
 
     def per_step(self) -> float:
-        """:data:`DISTILL_STEP_FACTOR` x each student's step plus a teacher forward with its
+        """:data:`DISTILL_STEP_FACTORS` x each student's step plus a teacher forward with its
         attention maps (half a teacher step)."""
-        return sum(DISTILL_STEP_FACTOR * s + self.teacher_s / 2 for s in self.student_s.values())
+        return sum(DISTILL_STEP_FACTORS[name] * s + self.teacher_s / 2
+                   for name, s in self.student_s.items())
 
     def fixed(self) -> float:
         """Seconds outside the steps: evaluations and run overheads."""
