@@ -3,9 +3,10 @@ them with the GPU benchmarks).
 
 Float64 on both devices, so any difference beyond rounding is a bug of a CUDA path and not a
 top-k choice flipped by float32 noise: every registered attention core (forward and the
-gradients of q, k, v), whole SwitchHead / SwitchAll / SEA models (with ``expert_matmul``'s
-Triton backend forced on CUDA; the SEA core's sparse attention has a CPU-only C++ kernel, so the
-CUDA side runs its PyTorch path), cached decoding on the GPU, and bf16-autocast training.
+gradients of q, k, v), whole SwitchHead / SwitchAll / SEA models (``expert_matmul`` through
+the backend "auto" picks on CUDA and through Triton; the SEA core's sparse attention has a
+CPU-only C++ kernel, so the CUDA side runs its PyTorch path), cached decoding on the GPU, and
+bf16-autocast training.
 tests/ops/test_expert_matmul.py runs every expert-matmul backend on the GPU too."""
 
 from __future__ import annotations
