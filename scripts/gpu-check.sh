@@ -4,10 +4,19 @@
 # time limit and log, so one failing or slow step never costs the others; each finished step's
 # files are in OUT_DIR at once (and in the tar.gz ARCHIVE, if set, rewritten after every step).
 # Usage: [STEPS="tests bench-serve ..."] scripts/gpu-check.sh [OUT_DIR] (default
-# runs/gpu-check; STEPS: run only these steps, default all).
+# runs/gpu-check; STEPS: run only these steps, default all; bench-serve needs smollm2-shape).
 # Runs from the repository root with the python that has torch + triton (PYTHON, default
 # python3); attnlab from src/ when it is not installed.
 set -u
+ALL_STEPS="tests bench-attention-fwd bench-expert-matmul profile-sea bench-train smollm2-shape \
+bench-serve bench-attention-fwdbwd bench-layer"
+for name in ${STEPS:-}; do
+    if [[ " $ALL_STEPS " != *" $name "* ]]; then
+        echo "error: unknown step '$name' in STEPS; valid: $ALL_STEPS" >&2
+        exit 2
+    fi
+done
+if [ $# -gt 1 ]; then echo "usage: [STEPS=...] $0 [OUT_DIR]" >&2; exit 2; fi
 out=${1:-runs/gpu-check}
 py=${PYTHON:-python3}
 mkdir -p "$out"
