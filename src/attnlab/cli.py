@@ -14,6 +14,7 @@ from attnlab import __version__
 from attnlab.config import builtin_config
 from attnlab.demo.plan import BUDGET_MINUTES as DEMO_BUDGET_MINUTES
 from attnlab.demo.plan import PRECISIONS as DEMO_PRECISIONS
+from attnlab.demo.plan import REAL_MODEL_CHOICES, REAL_MODEL_MINUTES
 
 logger = logging.getLogger("attnlab")
 
@@ -147,6 +148,19 @@ def _csv(kind: type):
             return [kind(v.strip()) for v in value.split(",") if v.strip()]
         except ValueError as err:
             raise argparse.ArgumentTypeError(f"expected a comma-separated list: {err}") from err
+
+    return parse
+
+
+def _at_least(low: int):
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from err
+        if number < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {number}")
+        return number
 
     return parse
 
@@ -301,7 +315,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     results = run_demo(Path(args.out), budget_minutes=args.budget_minutes,
                        scale="smoke" if args.smoke else "full", device=args.device,
                        progress=not args.quiet, strict_budget=args.strict_budget,
-                       precision=args.precision)
+                       precision=args.precision, train_jobs=args.train_jobs,
+                       real_model=args.real_model)
     print(compact_table(results))
     print(f"report: {Path(args.out) / 'report.md'}")
     return 0
@@ -541,6 +556,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=DEMO_PRECISIONS, default="auto",
                    help="how the models train: auto = bf16 autocast where the device computes "
                         "bf16 natively, else fp32 (distillation and benchmark: fp32)")
+    p.add_argument("--train-jobs", type=_at_least(1), default=None, metavar="N",
+                   help="models trained at once, each in its own process (default: on a CPU "
+                        "one per thread, one thread each; on a GPU 1)")
+    p.add_argument("--real-model", choices=REAL_MODEL_CHOICES, default="auto",
+                   help="the real-model stage: SEA distilled into SmolLM2-135M against the "
+                        "original and a sliding window, quality and serving speed at long "
+                        f"context (~30 min on 2 cores); auto = on from --budget-minutes "
+                        f"{REAL_MODEL_MINUTES:.0f}")
     p.add_argument("--smoke", action="store_true",
                    help="toy sizes, every stage in seconds (for tests)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda")

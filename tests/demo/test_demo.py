@@ -9,19 +9,24 @@ import time
 
 import pytest
 
+from attnlab.bench.common import read_json
 from attnlab.cli import main
+from attnlab.config import builtin_config
 from attnlab.demo import run as demo_run
 from attnlab.demo.budget import Budget
+from attnlab.demo.parallel import Run, RunFailed, train_runs
 from attnlab.demo.plan import (
     BUDGET_MINUTES,
     DISTILL_STEP_FACTORS,
     FULL,
+    REAL_MODEL_MINUTES,
     SAFETY,
     SMOKE,
     SPEED_PROBE,
     STUDENTS,
     TRAINED,
     DistillCost,
+    Lanes,
     bench_min_seconds,
     distill_seconds,
     plan_distill_steps,
@@ -29,6 +34,7 @@ from attnlab.demo.plan import (
     train_seconds,
 )
 from attnlab.demo.run import run_demo
+from attnlab.demo.summary import shortfalls
 from attnlab.report import compact_table
 from attnlab.train import RunDirError, load_run_config
 from attnlab.utils.precision import native_bf16
@@ -47,6 +53,40 @@ def test_training_steps_fill_the_budget_equally():
     # train_seconds inverts the planner
     assert plan_train_steps(step_s, train_seconds(step_s, 300, FULL, 2048) + 1e-6, FULL,
                             2048) == 300
+
+
+def test_lanes_run_up_to_jobs_at_once_and_share_the_cores():
+    assert Lanes().schedule([4, 3, 2, 1]) == [(0, 4), (4, 7), (7, 9), (9, 10)]
+    assert Lanes(2, 2).schedule([4, 3, 2, 1]) == [(0, 4), (0, 3), (3, 5), (4, 5)]
+    assert Lanes(4, 2).schedule([2, 2, 2, 2]) == [(0, 4)] * 4  # two cores for four runs
+
+
+def test_training_two_at_a_time_plans_from_the_step_times_measured_that_way():
+    """The published probe (bf16 models) alone, and 1.5x slower steps two at a time (the
+    reference machine's first measurement): the pair plans more steps in the same seconds,
+    and the planner still inverts :func:`train_seconds`."""
+    alone = {"dense-h8": 0.2465, "dense-h8-rope": 0.1445, "dense-h2": 0.142,
+             "switchhead": 0.134}
+    together = {name: 1.5 * s for name, s in alone.items()}
+    pair = Lanes(2, 2)
+    steps = plan_train_steps(alone, 500.0, FULL, 2048)
+    assert plan_train_steps(together, 500.0, FULL, 2048, lanes=pair) > 1.1 * steps
+    assert plan_train_steps({n: 2.2 * s for n, s in alone.items()}, 500.0, FULL, 2048,
+                            lanes=pair) < steps
+    assert plan_train_steps(together, train_seconds(together, 300, FULL, 2048, pair) + 1e-6,
+                            FULL, 2048, lanes=pair) == 300
+
+
+def test_a_failed_run_says_its_error(tmp_path):
+    occupied = tmp_path / "runs" / "taken"
+    occupied.mkdir(parents=True)
+    (occupied / "config.yaml").write_text("model: {}\n")
+    cfg = load_run_config(builtin_config("tiny/dense-h2"), ["train.steps=1"])
+    with pytest.raises(RunFailed, match=r"training taken failed \(exit code 1\): RunDirError: "
+                                        ".* already holds a run"):
+        train_runs([Run("taken", cfg, occupied, resume=False)], jobs=2, threads=1,
+                   progress=False)
+    assert (tmp_path / "runs" / "taken.log").is_file()
 
 
 def test_distillation_steps_pay_for_the_teacher_and_the_evaluations():
@@ -80,7 +120,8 @@ def test_the_minimums_fit_the_reference_machine_in_the_default_budget():
 def smoke_demo(tmp_path_factory):
     pytest.importorskip("matplotlib")
     out = tmp_path_factory.mktemp("demo") / "demo"
-    assert main(["demo", "--smoke", "--quiet", "--out", str(out)]) == 0
+    assert main(["demo", "--smoke", "--quiet", "--train-jobs", "2", "--real-model", "on",
+                 "--out", str(out)]) == 0
     return out
 
 
@@ -89,7 +130,8 @@ def test_smoke_demo_leaves_report_plots_and_json(smoke_demo, capsys):
     results = json.loads((out / "results.json").read_text())
     assert [r["model"] for r in results["headline"]] == list(TRAINED)
     assert all(r["side_by_side"] and r["step_ratio"] > 0 for r in results["headline"])
-    assert [r["student"] for r in results["students"]] == list(STUDENTS)
+    assert [r["student"] for r in results["students"]] == [
+        *STUDENTS, SMOKE.real_model.distill_run(out).name]
     assert results["sea_grid"]["sea"] and results["demo"]["mode"] == "smoke"
     assert results["machine"]["threads"] >= 1 and "torch" in results["machine"]
     layers = results["scaling"]["attention-layer"]["records"]
@@ -103,6 +145,63 @@ def test_smoke_demo_leaves_report_plots_and_json(smoke_demo, capsys):
         assert data[:8] == PNG and len(data) > 10_000, name
     plan = json.loads((out / "plan.json").read_text())
     assert plan["train_steps"] == SMOKE.max_steps and plan["distill_steps"] == 2
+
+
+def test_the_real_model_stage_compares_sea_with_the_original_and_a_window(smoke_demo):
+    real = SMOKE.real_model
+    results = json.loads((smoke_demo / "results.json").read_text())
+    assert results["demo"]["real_model"] == real.name
+    student = json.loads((real.distill_run(smoke_demo) / "summary.json").read_text())
+    assert student["steps"] == 2 and student["student_ppl"] > 0
+    quality = json.loads(real.quality_path(smoke_demo).read_text())
+    assert [r["variant"] for r in quality["records"]] == [
+        "original", f"sea student {real.keys}", f"window {real.keys}"]
+    _, serve = read_json(real.serve_path(smoke_demo))
+    assert {r.name for r in serve} == {"original", "sea", "window"}
+    assert {r.shape["op"] for r in serve} == {"prefill", "decode"}
+    md = (smoke_demo / "report.md").read_text()
+    assert "## Long context: quality kept against serving speed" in md
+    assert "The real-model stage distils SEA into tiny-llama" in md
+
+
+def test_the_real_model_stage_runs_from_its_budget_and_says_why_not(tmp_path):
+    def real(budget_minutes, choice="auto", scale=FULL):
+        return demo_run.Demo(tmp_path, scale, Budget(budget_minutes * 60), "cpu",
+                             progress=False, real_model=choice)
+
+    assert real(BUDGET_MINUTES).real is None
+    assert "needs --budget-minutes 45 (or --real-model on)" in real(BUDGET_MINUTES).real_note
+    assert real(REAL_MODEL_MINUTES, "off").real is None
+    missing = dataclasses.replace(FULL, real_model=dataclasses.replace(
+        FULL.real_model, package="attnlab_no_such_package"))
+    assert "attnlab_no_such_package (the model's weights) is not installed" in real(
+        REAL_MODEL_MINUTES, scale=missing).real_note
+    with pytest.raises(ValueError, match="cannot run: package attnlab_no_such_package"):
+        real(REAL_MODEL_MINUTES, "on", missing)
+    with pytest.raises(ValueError, match="real_model must be one of auto, on, off"):
+        real(REAL_MODEL_MINUTES, "yes")
+    if FULL.real_model.missing() is None:  # SmolLM2 installed, as in environment.md
+        assert real(REAL_MODEL_MINUTES).real == FULL.real_model
+
+
+def test_the_models_train_two_at_a_time_each_in_its_own_process(smoke_demo):
+    plan = json.loads((smoke_demo / "plan.json").read_text())
+    assert plan["train_jobs"] == 2 and plan["train_threads"] >= 1  # --train-jobs 2
+    choice = plan["lanes_choice"]
+    assert choice["together"] and choice["alone_s_per_100_steps"] > 0
+    assert choice["together_s_per_100_steps"] > 0
+    probed = [{r.name for r in read_json(smoke_demo / f"probe-together-{i}.json")[1]}
+              for i in range(2)]
+    assert sorted(probed[0] | probed[1]) == sorted(TRAINED) and not probed[0] & probed[1]
+    demo = json.loads((smoke_demo / "demo.json").read_text())["demo"]
+    assert set(demo["runs_s"]) == set(TRAINED) and "training" in demo["stages_s"]
+    for name in TRAINED:
+        summary = json.loads((smoke_demo / "runs" / name / "summary.json").read_text())
+        assert summary["steps"] == SMOKE.max_steps
+        assert "model:" in (smoke_demo / "runs" / f"{name}.log").read_text()
+        cfg = load_run_config(smoke_demo / "runs" / name / "config.yaml")
+        assert cfg.train.threads == plan["train_threads"]
+    assert "They train 2 at a time" in (smoke_demo / "report.md").read_text()
 
 
 def test_the_models_train_in_the_precision_the_demo_records(smoke_demo):
@@ -137,7 +236,7 @@ def test_a_rerun_reuses_every_finished_stage(smoke_demo, caplog):
     assert [r["student"] for r in results["students"]] == list(STUDENTS)
 
 
-def run_slow(tmp_path, monkeypatch, strict_budget=False):
+def run_slow(tmp_path, monkeypatch, strict_budget=False, real_model="auto"):
     """A smoke demo whose every training run takes 400 s more than its steps: its clock jumps
     when a run starts (the probe, timed for real, knows nothing of it)."""
     pytest.importorskip("matplotlib")
@@ -151,6 +250,7 @@ def run_slow(tmp_path, monkeypatch, strict_budget=False):
     monkeypatch.setattr(demo_run, "train", slow_train)
     out = tmp_path / "demo"
     results = run_demo(out, scale="smoke", progress=False, strict_budget=strict_budget,
+                       train_jobs=1, real_model=real_model,
                        clock=lambda: time.perf_counter() + jump[0])
     return out, results, (out / "report.md").read_text()
 
@@ -180,7 +280,7 @@ def test_a_slow_machine_keeps_the_minimums_and_says_it_goes_over_budget(tmp_path
 
 
 def test_a_strict_budget_marks_what_it_cuts_inconclusive(tmp_path, monkeypatch):
-    out, results, md = run_slow(tmp_path, monkeypatch, strict_budget=True)
+    out, results, md = run_slow(tmp_path, monkeypatch, strict_budget=True, real_model="on")
     plan = assert_every_stage_at_its_minimum_or_marked(out, results)
     assert plan["distill_steps"] == 1
     # the benchmark gets 1 s: whether it reaches its minimum depends on this machine
@@ -190,19 +290,23 @@ def test_a_strict_budget_marks_what_it_cuts_inconclusive(tmp_path, monkeypatch):
     assert all(r["inconclusive"] for r in results["students"])
     assert not any(r["inconclusive"] for r in results["headline"])
     assert "INCONCLUSIVE: performer distilled 1 steps" in compact_table(results)
+    assert any(d.startswith("skipping the real-model stage (tiny-llama)")
+               for d in results["demo"]["decisions"])
+    assert "The real-model stage was skipped" in md
+    assert not SMOKE.real_model.quality_path(out).exists()
 
 
 def test_shortfalls_name_each_figure_below_its_minimum(smoke_demo):
     """Judged by the full demo's minimums, the smoke run's figures are all too small, and
     Performer is inconclusive even with enough steps (calibrated not to converge)."""
     demo = demo_run.Demo(smoke_demo, FULL, Budget(60.0), "cpu", progress=False)
-    found = demo.shortfalls({"train_tokens": 256, "distill_steps": 2})
+    found = shortfalls(demo, {"train_tokens": 256, "distill_steps": 2})
     by_stage = {f["stage"]: f for f in found}
     assert "256 tokens, below the 400,000" in by_stage["training"]["reason"]
     assert "reached 64 tokens, below the 8192" in by_stage["benchmark"]["reason"]
     assert [f["names"] for f in found if f["stage"] == "distillation"] == [["sea"],
                                                                            ["performer"]]
-    enough = demo.shortfalls({"train_tokens": 400_000, "distill_steps": 80})
+    enough = shortfalls(demo, {"train_tokens": 400_000, "distill_steps": 80})
     assert [(f["stage"], f["names"]) for f in enough] == [
         ("distillation", ["performer"]), ("benchmark", list(demo_run.LAYERS))]
     assert "performer had not converged after 80 steps" in enough[0]["reason"]

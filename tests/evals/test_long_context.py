@@ -8,13 +8,14 @@ import json
 import pytest
 
 import attnlab.hf
+from attnlab.bench.hf import tiny_tokenizer
 from attnlab.cli import main
 from attnlab.config import ConfigError
 from attnlab.evals import long_context
 from attnlab.evals.long_context import LongContextConfig, format_table, run
 from attnlab.evals.models import Models
 from attnlab.evals.variants import parse_variant
-from tests.hf.models import save_model, tiny_tokenizer
+from tests.hf.models import save_model
 
 SMALL = LongContextConfig(lengths=(256, 320), ppl_tokens=200, depths=(0.1, 0.9), prompts=2)
 

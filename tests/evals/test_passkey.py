@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnlab.bench.hf import tiny_tokenizer
 from attnlab.evals.passkey import (
     ANSWER_TOKENS,
     FILLER,
@@ -15,7 +16,6 @@ from attnlab.evals.passkey import (
     first_number,
     passkey_prompts,
 )
-from tests.hf.models import tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import torch
 import transformers
 
 import attnlab.hf
-from attnlab.data.tokenizers import train_bpe
 
 CAUSAL = ["llama", "opt", "gpt2"]
 FAMILIES = [*CAUSAL, "bert"]
@@ -67,14 +66,6 @@ def token_ids(batch: int = 2, length: int = 24, seed: int = 0):
 
 
 TOKENIZER_VOCAB = 320  # the byte-level tokenizer's 256 bytes, a few merges and 4 special tokens
-
-
-def tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
-    """A byte-level BPE fast tokenizer of :data:`TOKENIZER_VOCAB` ids (any text encodes)."""
-    bpe = train_bpe(["the quick brown fox jumps over the lazy dog"] * 4, 270)
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=bpe._tokenizer, pad_token="[PAD]", cls_token="[CLS]",
-        sep_token="[SEP]", unk_token="[UNK]")
 
 
 def save_model(family: str, folder: Path, tokenizer, **config) -> Path:

@@ -15,13 +15,14 @@ import transformers
 from safetensors.torch import load_file
 
 import attnlab.hf
+from attnlab.bench.hf import tiny_tokenizer
 from attnlab.cli import main
 from attnlab.config import ConfigError
 from attnlab.distill import distill, load_distill_config
 from attnlab.distill.hf import HFTokenizer, open_hf_pair, sentence_embeddings
 from attnlab.hf.positions import trained_length
 from attnlab.train import CheckpointError
-from tests.hf.models import TOKENIZER_VOCAB, save_model, tiny_tokenizer
+from tests.hf.models import TOKENIZER_VOCAB, save_model
 
 SEA = {"name": "sea", "k": 4, "predictor_length": 8}
 VOCAB = TOKENIZER_VOCAB

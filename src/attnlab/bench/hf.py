@@ -65,6 +65,29 @@ def tiny_llama(seed: int = 0) -> transformers.PreTrainedModel:
     return transformers.LlamaForCausalLM(config).eval()
 
 
+def tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """A byte-level BPE fast tokenizer of a few hundred ids (any text encodes)."""
+    from attnlab.data.tokenizers import train_bpe
+
+    bpe = train_bpe(["the quick brown fox jumps over the lazy dog"] * 4, 270)
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=bpe._tokenizer, pad_token="[PAD]", cls_token="[CLS]",
+        sep_token="[SEP]", unk_token="[UNK]")
+
+
+def save_tiny_llama(folder: str | os.PathLike[str], seed: int = 0, **config: Any) -> Path:
+    """A random :data:`TINY_LLAMA` (``config`` overrides, e.g. ``num_hidden_layers``) sized
+    for :func:`tiny_tokenizer`, saved with it in ``folder``: a Hugging Face model folder for
+    smoke runs of commands that take one."""
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **{**TINY_LLAMA, "vocab_size": len(tokenizer), **config}))
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)
+
+
 def core_specs(cores: Sequence[str | dict | PartSpec]) -> list[PartSpec]:
     """Validated core specs (names or ``{name: ..., option: value}`` mappings; one core may
     come with several option sets); raises ``ConfigError`` for an unknown core or option, or

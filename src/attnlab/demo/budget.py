@@ -20,7 +20,8 @@ class Budget:
         self.budget_s, self.strict, self.clock = budget_s, strict, clock
         self.start = clock()
         self.stages_s: dict[str, float] = {}  # stage -> seconds it took
-        self.planned_s: dict[str, float] = {}  # stage -> seconds planned for it
+        self.runs_s: dict[str, float] = {}  # training run -> seconds it took (runs may overlap)
+        self.planned_s: dict[str, float] = {}  # stage or run -> seconds planned for it
         self.announced_over_s = 0.0
 
     def elapsed(self) -> float:
@@ -31,11 +32,19 @@ class Budget:
         return self.budget_s - self.elapsed()
 
     def pace(self) -> float:
-        """Taken over planned seconds of the finished stages that had a plan (1 before any):
-        how much slower than the probe predicted the work runs."""
-        done = [n for n in self.planned_s if n in self.stages_s]
+        """Taken over planned seconds of the finished stages and runs that had a plan (1
+        before any): how much slower than the probe predicted the work runs."""
+        taken = {**self.stages_s, **self.runs_s}
+        done = [n for n in self.planned_s if n in taken]
         planned = sum(self.planned_s[n] for n in done)
-        return sum(self.stages_s[n] for n in done) / planned if planned else 1.0
+        return sum(taken[n] for n in done) / planned if planned else 1.0
+
+    def record_run(self, name: str, seconds: float) -> None:
+        """Training run ``name`` took ``seconds`` (inside a stage, maybe beside other runs)."""
+        self.runs_s[name] = seconds
+        planned = self.planned_s.get(name)
+        logger.info("run %s: %.1f s%s; %.0f s of the budget left", name, seconds,
+                    f" (planned {planned:.0f} s)" if planned else "", self.remaining())
 
     def timed(self, name: str, fn: Callable[[], Any]) -> Any:
         """``fn()``, its seconds recorded as stage ``name``."""

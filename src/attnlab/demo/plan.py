@@ -10,7 +10,9 @@ benchmark builds every mechanism as an attention layer of the teacher's shape wi
 (SwitchHead: ``tiny/switchhead``'s projections with RoPE positions).
 
 Budget: a probe times one training step of every trained model and of the students'
-architectures side by side (:func:`attnlab.bench.train_step.run_configs`). Every stage has a
+architectures side by side (:func:`attnlab.bench.train_step.run_configs`); on a CPU a second
+probe times the trained models in several processes at once, one thread each, and the models
+train that way when it predicts the training sooner (:class:`Lanes`). Every stage has a
 minimum below which its figure means little (:class:`Scale`; :data:`FULL` says where each
 comes from). The training steps, equal for every model (same tokens), are what fits in
 ``train_share`` of the time left after the probe, the later stages' minimums and the reserves,
@@ -23,10 +25,19 @@ stage from the pace it measured (:mod:`attnlab.demo.run`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+
+from attnlab.demo.real_model import SMOLLM2, TINY, RealModel
 
 BUDGET_MINUTES = 13.0
 """The default budget: 15 minutes of ``make demo`` on 2 CPU cores, less set-up."""
+
+REAL_MODEL_MINUTES = 45.0
+"""The budget from which ``--real-model auto`` adds the real-model stage
+(:mod:`attnlab.demo.real_model`): the default budget's stages and the ~30 minutes the stage
+takes on the reference machine."""
+
+REAL_MODEL_CHOICES = ("auto", "on", "off")
 
 PRECISIONS = ("auto", "fp32", "bf16")
 """How the demo trains its models: ``auto`` is bf16 autocast where the device computes bf16
@@ -97,10 +108,12 @@ class Scale:
     (the machine is shared); ``bench_reference_s`` is what the benchmark took up to
     ``min_seq_len`` on the reference machine (:data:`REFERENCE_PROBE_S`); ``reps`` are the
     timed repetitions of every side-by-side measurement, ``probe_reps`` those of the probe
-    (the training steps are planned from it once, so it gets more). ``train_share`` is the
+    (the training steps are planned from it once, so it gets more), ``together_reps`` those
+    of the second probe, which only chooses how many models train at once. ``train_share`` is the
     part of the time left after the probe, every stage's minimum and the benchmark's share
     that training gets beyond its minimum; the benchmark gets ``bench_share`` of the budget,
     or its minimum if that is more; ``report_reserve_s`` is kept for the report.
+    ``real_model``: the real-model stage of this mode.
     """
 
     name: str
@@ -122,9 +135,11 @@ class Scale:
     cpu_max_mem_gb: float = 4.0
     reps: int = 5
     probe_reps: int = 5
+    together_reps: int = 5
     train_share: float = 0.95
     bench_share: float = 0.03
     report_reserve_s: float = 20.0
+    real_model: RealModel = SMOLLM2
 
     def min_train_steps(self, tokens_per_step: int) -> int:
         return max(1, -(-self.min_train_tokens // tokens_per_step))
@@ -179,7 +194,7 @@ SMOKE = Scale(
              "distill.final_eval_tokens=256", "distill.long_context=1", "distill.eval_every=0",
              "distill.query_skip=[1, 2]"),
     min_distill_steps=2, max_distill_steps=2, seq_lens=(32, 64), gpu_seq_lens=(32, 64),
-    min_seq_len=64, gpu_min_seq_len=64, report_reserve_s=0.0,
+    min_seq_len=64, gpu_min_seq_len=64, report_reserve_s=0.0, real_model=TINY,
 )
 """Seconds-long run of every stage at toy sizes (one layer, batch 2 x 32), for tests."""
 
@@ -202,6 +217,12 @@ def bench_min_seconds(scale: Scale, speed_step_s: float, cuda: bool) -> float:
     return 0.0 if cuda else scale.bench_reference_s * speed_step_s / REFERENCE_PROBE_S
 
 
+def real_model_seconds(real: RealModel, speed_step_s: float) -> float:
+    """Predicted seconds of the real-model stage: the reference machine's, scaled as
+    :func:`bench_min_seconds` (on CUDA too: with no GPU reference, the CPU's is reserved)."""
+    return real.reference_s * speed_step_s / REFERENCE_PROBE_S
+
+
 def _clamp(value: float, lo: int, hi: int) -> int:
     return max(lo, min(hi, int(value)))
 
@@ -212,21 +233,65 @@ def _train_evals(scale: Scale, tokens_per_step: int) -> float:
         * FORWARD_FRACTION
 
 
-def plan_train_steps(step_s: Mapping[str, float], seconds: float, scale: Scale,
-                     tokens_per_step: int, floor: int = 1) -> int:
-    """Steps, equal for every model, so that training all ``step_s`` models (seconds per
-    step, side by side) with their evaluations fits in ``seconds``; clamped to
-    ``[floor, max_steps]``."""
-    usable = SAFETY * seconds - RUN_OVERHEAD_S * len(step_s)
-    return _clamp(usable / sum(step_s.values()) - _train_evals(scale, tokens_per_step), floor,
-                  scale.max_steps)
+@dataclasses.dataclass(frozen=True)
+class Lanes:
+    """How the trained models share the machine: up to ``jobs`` training runs at once, of
+    which ``cores`` can run at full speed (more share the cores). The step times planned with
+    are those measured in the same arrangement (:meth:`attnlab.demo.run.Demo.probe`)."""
+
+    jobs: int = 1
+    cores: int = 1
+
+    def schedule(self, work: Sequence[float]) -> list[tuple[float, float]]:
+        """``(start, end)`` seconds of runs needing ``work`` seconds each at full speed,
+        started in order, up to ``jobs`` at once, each running at ``min(1, cores / running)``
+        of full speed."""
+        left, spans, running, now = list(work), [(0.0, 0.0)] * len(work), [], 0.0
+        waiting = list(range(len(work)))
+        while waiting or running:
+            while waiting and len(running) < self.jobs:
+                running.append(waiting.pop(0))
+                spans[running[-1]] = (now, now)
+            rate = min(1.0, self.cores / len(running))
+            first = min(running, key=lambda i: left[i])
+            dt = left[first] / rate
+            now += dt
+            for i in running:
+                left[i] -= dt * rate
+            running.remove(first)
+            spans[first] = (spans[first][0], now)
+        return spans
+
+
+def train_spans(step_s: Mapping[str, float], steps: int, scale: Scale, tokens_per_step: int,
+                lanes: Lanes = Lanes()) -> dict[str, tuple[float, float]]:
+    """``(start, end)`` seconds of each model's training of ``steps`` steps with its
+    evaluations, in ``step_s``'s order (seconds per probed step) on ``lanes``."""
+    rounds = steps + _train_evals(scale, tokens_per_step)
+    work = [(rounds * s + RUN_OVERHEAD_S) / SAFETY for s in step_s.values()]
+    return dict(zip(step_s, lanes.schedule(work), strict=True))
 
 
 def train_seconds(step_s: Mapping[str, float], steps: int, scale: Scale,
-                  tokens_per_step: int) -> float:
-    """The seconds :func:`plan_train_steps` would plan ``steps`` in (its inverse)."""
-    rounds = steps + _train_evals(scale, tokens_per_step)
-    return (rounds * sum(step_s.values()) + RUN_OVERHEAD_S * len(step_s)) / SAFETY
+                  tokens_per_step: int, lanes: Lanes = Lanes()) -> float:
+    """Seconds until every model has trained ``steps`` steps (:func:`train_spans`)."""
+    return max(end for _, end in train_spans(step_s, steps, scale, tokens_per_step,
+                                             lanes).values())
+
+
+def plan_train_steps(step_s: Mapping[str, float], seconds: float, scale: Scale,
+                     tokens_per_step: int, floor: int = 1, lanes: Lanes = Lanes()) -> int:
+    """Steps, equal for every model, so that training all ``step_s`` models (seconds per
+    probed step) with their evaluations on ``lanes`` fits in ``seconds``; clamped to
+    ``[floor, max_steps]``."""
+    lo, hi = 0, scale.max_steps  # the most steps that fit, by bisection (time grows with steps)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if train_seconds(step_s, mid, scale, tokens_per_step, lanes) <= seconds:
+            lo = mid
+        else:
+            hi = mid - 1
+    return _clamp(lo, floor, scale.max_steps)
 
 
 @dataclasses.dataclass(frozen=True)

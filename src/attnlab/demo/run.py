@@ -7,7 +7,8 @@ up finished stages and resumes a half-done run from its last checkpoint):
 2. ``plan.json``: the steps the budget allows (training; distillation once it starts), and
    every decision taken when the measured pace could not cover a stage's minimum;
 3. ``runs/<model>/``: each model of :data:`~attnlab.demo.plan.TRAINED` trained on the same
-   tokens (``attnlab train`` run folders);
+   tokens (``attnlab train`` run folders); on a CPU several at once, each in its own process
+   on its share of the threads, its log in ``runs/<model>.log`` (:mod:`attnlab.demo.parallel`);
 4. ``runs/<student>/``: SEA and Performer distilled from the RoPE teacher
    (``attnlab distill`` run folders);
 5. ``bench-attention-layers.json``: attention layers against sequence length (bench JSON);
@@ -42,26 +43,33 @@ from attnlab.bench.attention import run_layers
 from attnlab.bench.common import read_json
 from attnlab.config import builtin_config
 from attnlab.demo.budget import Budget
+from attnlab.demo.parallel import Run, probe_concurrently, train_runs
 from attnlab.demo.plan import (
     BASELINE,
     BUDGET_MINUTES,
     LAYERS,
     PRECISIONS,
+    REAL_MODEL_CHOICES,
+    REAL_MODEL_MINUTES,
     SCALES,
     SPEED_PROBE,
     STUDENTS,
     TEACHER,
     TRAINED,
     DistillCost,
+    Lanes,
     Scale,
     bench_min_seconds,
     distill_seconds,
     plan_distill_steps,
     plan_train_steps,
+    real_model_seconds,
     train_seconds,
+    train_spans,
 )
+from attnlab.demo.real_model import RealModel
+from attnlab.demo.summary import write_report
 from attnlab.distill import DistillRunConfig, distill, load_distill_config
-from attnlab.report import build_report, collect
 from attnlab.train import RunDirError, load_run_config, train
 from attnlab.train.config import RunConfig
 from attnlab.utils.io import atomic_write_json
@@ -70,28 +78,23 @@ from attnlab.utils.precision import native_bf16
 logger = logging.getLogger(__name__)
 
 SEA_GRID_KS = 3  # distill's default dynamic k: k/2, k, 2k
-NOTES = (
-    "How the models compare: dense-h8 (8 heads), dense-h2 (2 heads) and switchhead (2 heads "
-    "x 4 value/output experts, k=2) are parameter-matched and use Transformer-XL positions "
-    "with one memory chunk, as in the SwitchHead paper, and train on the same tokens in the "
-    "same order. SEA and Performer cannot take XL's position bias, so they are distilled from "
-    "dense-h8-rope (the same 8 x 16 heads with RoPE and 256-token sequences, trained on as "
-    "many tokens) and judged only against it. The length benchmark builds every mechanism "
-    "as an attention layer of dense-h8-rope's shape (SwitchHead with RoPE); its SEA, "
-    "Performer and Reformer are untrained (speed and memory do not depend on the weights).")
 
-BF16_NOTE = (" The four models train under bfloat16 autocast (this device computes bf16 "
-             "natively); the distillation and the benchmark run in float32.")
 
 
 class Demo:
     """One invocation of the demo in ``out``, timed by ``budget``."""
 
     def __init__(self, out: Path, scale: Scale, budget: Budget, device: str,
-                 progress: bool, precision: str = "auto") -> None:
+                 progress: bool, precision: str = "auto", train_jobs: int | None = None,
+                 real_model: str = "off") -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, "
                              f"got {precision!r}")
+        if real_model not in REAL_MODEL_CHOICES:
+            raise ValueError(f"real_model must be one of {', '.join(REAL_MODEL_CHOICES)}, "
+                             f"got {real_model!r}")
+        if train_jobs is not None and train_jobs < 1:
+            raise ValueError(f"train_jobs must be at least 1, got {train_jobs}")
         self.out, self.scale, self.budget, self.progress = out, scale, budget, progress
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" \
             else device
@@ -99,6 +102,35 @@ class Demo:
         self.bf16 = precision == "bf16" or (precision == "auto" and native_bf16(self.device))
         self.precision = "bf16" if self.bf16 else "fp32"
         self.load_start = os.getloadavg()[0]
+        self.jobs, self.threads = self._jobs(train_jobs)
+        self.jobs_forced = train_jobs is not None
+        self.lanes = Lanes()  # one at a time until the probes say otherwise
+        self.train_step_s: dict[str, float] = {}
+        self.lanes_choice: dict[str, Any] = {}
+        self.train_planned_s = 0.0
+        self.real, self.real_note = self._real_model(real_model)
+
+    def _real_model(self, choice: str) -> tuple[RealModel | None, str]:
+        """The real-model stage if it runs, and a sentence for the report either way."""
+        real = self.scale.real_model
+        if choice == "off" or (choice == "auto" and
+                               self.budget.budget_s < REAL_MODEL_MINUTES * 60 - 1e-6):
+            return None, (f"The real-model stage ({real.name}) did not run: it needs "
+                          f"--budget-minutes {REAL_MODEL_MINUTES:.0f} (or --real-model on).")
+        if (why := real.missing()) is not None:
+            if choice == "on":
+                raise ValueError(f"the real-model stage cannot run: {why}")
+            return None, f"The real-model stage ({real.name}) did not run: {why}."
+        return real, real.describe()
+
+    def _jobs(self, jobs: int | None) -> tuple[int, int]:
+        """How many models may train at once, and on how many threads each: by default
+        (``jobs`` None) on a CPU as many as there are threads, one thread each, at most one per
+        model (:meth:`choose_lanes` then decides from a probe); on a GPU one at a time."""
+        cores = 1 if self.cuda else torch.get_num_threads()
+        if jobs is None:
+            jobs = 1 if self.cuda else max(1, min(len(TRAINED), cores))
+        return jobs, max(1, cores // jobs)
 
     def config(self, source: str, overrides: tuple[str, ...] = ()) -> RunConfig:
         """A built-in config with the scale's and the given overrides, on the demo's device."""
@@ -137,12 +169,53 @@ class Demo:
         else:
             logger.info("probe: finished earlier, reusing %s", path)
         _, records = read_json(path)
-        return {r.name: (r.ms_median + r.ms_min) / 2e3 for r in records}
+        step_s = {r.name: (r.ms_median + r.ms_min) / 2e3 for r in records}
+        self.choose_lanes(step_s)
+        return step_s
+
+    def choose_lanes(self, step_s: dict[str, float]) -> None:
+        """One model at a time on every thread, or :attr:`jobs` at once on :attr:`threads`
+        each: a second probe times the trained models in that arrangement (``probe-together-
+        <i>.json``, one per process), and the models train together when it predicts their
+        training sooner, or when ``train_jobs`` asked for it (a resumed demo keeps its plan's
+        choice). Sets :attr:`lanes` and :attr:`train_step_s`, the step times to plan with."""
+        self.train_step_s = {n: step_s[n] for n in TRAINED}
+        if self.jobs == 1:
+            return
+        order = sorted(TRAINED, key=lambda name: -step_s[name])  # slowest first: even lanes
+        paths = [self.out / f"probe-together-{i}.json" for i in range(self.jobs)]
+        if not all(p.is_file() for p in paths):
+            probe_concurrently([{n: self.trained_config(n) for n in order[i::self.jobs]}
+                                for i in range(self.jobs)], self.scale.together_reps,
+                               self.threads, paths)
+        together = {r.name: (r.ms_median + r.ms_min) / 2e3
+                    for p in paths for r in read_json(p)[1]}
+        cores = 1 if self.cuda else torch.get_num_threads()
+        lanes = Lanes(self.jobs, max(1, cores // self.threads))
+        tokens, s = self._tokens_per_step(self.config(TRAINED[BASELINE])), self.scale
+        alone_s = train_seconds(self.train_step_s, 100, s, tokens)
+        together_s = train_seconds({n: together[n] for n in order}, 100, s, tokens, lanes)
+        planned = self.out / "plan.json"
+        chosen = (json.loads(planned.read_text()).get("train_jobs", 1) > 1 if planned.is_file()
+                  else self.jobs_forced or together_s < alone_s)
+        self.lanes_choice = {"alone_s_per_100_steps": alone_s,
+                             "together_s_per_100_steps": together_s, "together": chosen}
+        logger.info("probe: 100 steps of every model take ~%.0f s one at a time, ~%.0f s %d at "
+                    "a time: training %s", alone_s, together_s, self.jobs,
+                    f"{self.jobs} at a time" if chosen else "one at a time")
+        if chosen:
+            self.lanes = lanes
+            self.train_step_s = {n: together[n] for n in order}
 
     def later_minimum_s(self, step_s: dict[str, float]) -> float:
         """Seconds the stages after training need at their minimums (at the probe's pace)."""
         return (distill_seconds(self.distill_cost(step_s), self.scale.min_distill_steps)
-                + self.bench_min_s(step_s) + self.scale.report_reserve_s)
+                + self.bench_min_s(step_s) + self.real_model_s(step_s)
+                + self.scale.report_reserve_s)
+
+    def real_model_s(self, step_s: dict[str, float]) -> float:
+        """Seconds reserved for the real-model stage (0 when it does not run)."""
+        return 0.0 if self.real is None else real_model_seconds(self.real, step_s[SPEED_PROBE])
 
     def bench_min_s(self, step_s: dict[str, float]) -> float:
         return bench_min_seconds(self.scale, step_s[SPEED_PROBE], self.cuda)
@@ -153,7 +226,7 @@ class Demo:
         benchmark's share; under the minimum only with ``strict_budget``."""
         path = self.out / "plan.json"
         tokens = self._tokens_per_step(self.config(TRAINED[BASELINE]))
-        trained = {n: step_s[n] for n in TRAINED}
+        trained = self.train_step_s
         if path.is_file():
             plan = json.loads(path.read_text())
             if plan["scale"] != self.scale.name:
@@ -164,37 +237,37 @@ class Demo:
                                   f" finish it with --precision {plan.get('precision')} or "
                                   "give another --out")
         else:
-            s, left = self.scale, self.budget.remaining()
+            s, left, lanes = self.scale, self.budget.remaining(), self.lanes
             min_steps = s.min_train_steps(tokens)
-            train_min_s = train_seconds(trained, min_steps, s, tokens)
+            train_min_s = train_seconds(trained, min_steps, s, tokens, lanes)
             needed = train_min_s + self.later_minimum_s(step_s)
             spare = left - needed - s.bench_share * self.budget.budget_s
             seconds = train_min_s + s.train_share * max(0.0, spare)
             if needed > left and self.budget.strict:
                 seconds = train_min_s * max(0.0, left) / needed  # every stage cut alike
             steps = plan_train_steps(trained, seconds, s, tokens,
-                                     floor=1 if self.budget.strict else min_steps)
+                                     floor=1 if self.budget.strict else min_steps, lanes=lanes)
             plan = {"scale": s.name, "budget_s": self.budget.budget_s, "train_steps": steps,
                     "train_tokens": steps * tokens, "strict_budget": self.budget.strict,
-                    "precision": self.precision}
-            logger.info("plan: %d training steps (%d tokens) per model in ~%.0f s; every "
-                        "stage at its minimum needs ~%.0f s of the %.0f s left", steps,
-                        steps * tokens, seconds, needed, left)
+                    "precision": self.precision, "train_jobs": lanes.jobs,
+                    "train_threads": self.threads if lanes.jobs > 1 else None,
+                    "lanes_choice": self.lanes_choice}
+            logger.info("plan: %d training steps (%d tokens) per model, %d at a time, in ~%.0f "
+                        "s; every stage at its minimum needs ~%.0f s of the %.0f s left", steps,
+                        steps * tokens, lanes.jobs, seconds, needed, left)
             atomic_write_json(path, plan)
             self.check_the_rest(plan, needed, "the stages at their minimums")
-        for name in TRAINED:
-            self.budget.planned_s[name] = train_seconds({name: step_s[name]},
-                                                        plan["train_steps"], self.scale, tokens)
         return plan
 
-    def replan_after_training(self, plan: dict[str, Any], step_s: dict[str, float],
-                              done: str) -> None:
-        """After training ``done``: the rest of training (its steps are fixed: every model
-        sees the same tokens) and the later stages at their minimums, at the measured pace."""
-        names = list(TRAINED)
-        rest = names[names.index(done) + 1:]
-        rest_s = self.budget.pace() * (sum(self.budget.planned_s[n] for n in rest)
-                                       + self.later_minimum_s(step_s))
+    def check_training(self, plan: dict[str, Any], step_s: dict[str, float],
+                       started: float) -> None:
+        """After a model's training: the rest of the training (planned to end
+        ``train_planned_s`` after ``started``) and the later stages at their minimums, at the
+        measured pace."""
+        pace = self.budget.pace()
+        rest_s = (max(0.0, pace * self.train_planned_s - (self.budget.elapsed() - started))
+                  + pace * self.later_minimum_s(step_s))
+        rest = [n for n in TRAINED if n not in self.budget.runs_s]
         self.check_the_rest(plan, rest_s, f"training {', '.join(rest)} and the later stages"
                             if rest else "the distillation and the benchmark")
 
@@ -214,7 +287,8 @@ class Demo:
         pace, s = self.budget.pace(), self.scale
         if "distill_steps" not in plan:
             bench_s = max(pace * self.bench_min_s(step_s), s.bench_share * self.budget.budget_s)
-            seconds = max(0.0, self.budget.remaining() - bench_s - s.report_reserve_s)
+            seconds = max(0.0, self.budget.remaining() - bench_s - s.report_reserve_s
+                          - pace * self.real_model_s(step_s))
             steps = plan_distill_steps(self.distill_cost(step_s, pace), seconds, s,
                                        floor=1 if self.budget.strict else s.min_distill_steps)
             plan["distill_steps"] = steps
@@ -222,8 +296,9 @@ class Demo:
                         "probe's)", steps, seconds, pace)
             atomic_write_json(self.out / "plan.json", plan)
             rest = (distill_seconds(self.distill_cost(step_s, pace), steps)
-                    + pace * self.bench_min_s(step_s) + s.report_reserve_s)
-            self.check_the_rest(plan, rest, "the distillation and the benchmark")
+                    + pace * (self.bench_min_s(step_s) + self.real_model_s(step_s))
+                    + s.report_reserve_s)
+            self.check_the_rest(plan, rest, "the distillation and the later stages")
         for name in STUDENTS:
             self.budget.planned_s[name] = distill_seconds(
                 self.distill_cost(step_s, names=(name,)), plan["distill_steps"])
@@ -237,26 +312,50 @@ class Demo:
         self.budget.planned_s.pop(name, None)  # says nothing of the pace
         return True
 
-    def train_model(self, name: str, steps: int) -> None:
-        """Train model ``name`` for ``steps`` (resume a started run, reuse a finished one)."""
+    def train_run(self, name: str, steps: int) -> Run | None:
+        """The training of model ``name`` for ``steps`` steps (resuming a started run), or
+        None if it finished earlier."""
         run_dir = self.out / "runs" / name
         if self._finished(name, run_dir):
+            return None
+        if (run_dir / "config.yaml").is_file():
+            return Run(name, load_run_config(run_dir / "config.yaml"), run_dir, resume=True)
+        s = self.scale
+        every = max(1, steps // s.evals)
+        warmup = min(self.trained_config(name).train.warmup_steps, max(1, steps // 10))
+        cfg = self.trained_config(name, (
+            f"train.steps={steps}", f"train.eval_every={every}", f"train.ckpt_every={every}",
+            f"train.warmup_steps={warmup}", f"train.eval_tokens={s.eval_tokens}",
+            f"train.final_eval_tokens={s.final_eval_tokens}",
+            f"train.log_every={max(1, min(10, every // 2))}"))
+        return Run(name, cfg, run_dir, resume=False)
+
+    def train_models(self, plan: dict[str, Any], step_s: dict[str, float]) -> None:
+        """Train every model of :data:`TRAINED` on ``lanes`` (reusing finished runs, resuming
+        started ones); after each, re-plan the rest at the measured pace."""
+        runs = [run for name in self.train_step_s
+                if (run := self.train_run(name, plan["train_steps"])) is not None]
+        tokens = self._tokens_per_step(self.config(TRAINED[BASELINE]))
+        spans = train_spans({r.name: self.train_step_s[r.name] for r in runs},
+                            plan["train_steps"], self.scale, tokens, self.lanes)
+        self.train_planned_s = max((end for _, end in spans.values()), default=0.0)
+        for run in runs:
+            if not run.resume:  # a part of a run says nothing of the pace
+                self.budget.planned_s[run.name] = spans[run.name][1] - spans[run.name][0]
+        started = self.budget.elapsed()
+
+        def done(run: Run, seconds: float) -> None:
+            self.budget.record_run(run.name, seconds)
+            self.check_training(plan, step_s, started)
+
+        if self.lanes.jobs > 1:
+            train_runs(runs, self.lanes.jobs, self.threads, progress=self.progress,
+                       on_done=done)
             return
-        resume = (run_dir / "config.yaml").is_file()
-        if resume:
-            self.budget.planned_s.pop(name, None)  # a part of the run says nothing of the pace
-            cfg = load_run_config(run_dir / "config.yaml")
-        else:
-            s = self.scale
-            every = max(1, steps // s.evals)
-            warmup = min(self.trained_config(name).train.warmup_steps, max(1, steps // 10))
-            cfg = self.trained_config(name, (
-                f"train.steps={steps}", f"train.eval_every={every}",
-                f"train.ckpt_every={every}", f"train.warmup_steps={warmup}",
-                f"train.eval_tokens={s.eval_tokens}",
-                f"train.final_eval_tokens={s.final_eval_tokens}",
-                f"train.log_every={max(1, min(10, every // 2))}"))
-        train(cfg, run_dir, resume=resume, progress=self.progress)
+        for run in runs:
+            start = self.budget.clock()
+            train(run.cfg, run.out_dir, resume=run.resume, progress=self.progress)
+            done(run, self.budget.clock() - start)
 
     def distill_config(self, name: str, steps: int) -> DistillRunConfig:
         """Distillation of student ``name`` from the teacher run, ``steps`` steps."""
@@ -279,7 +378,7 @@ class Demo:
                else self.distill_config(name, steps))
         distill(cfg, run_dir, resume=resume, progress=self.progress)
 
-    def bench(self) -> None:
+    def bench(self, step_s: dict[str, float]) -> None:
         """Attention layers against length: up to the minimum length whatever the time (unless
         ``strict_budget``), longer within the benchmark's share of the budget."""
         path = self.out / "bench-attention-layers.json"
@@ -289,7 +388,8 @@ class Demo:
         models = {name: load_run_config(builtin_config(src), overrides).model
                   for name, (src, overrides) in LAYERS.items()}
         seconds = min(self.scale.bench_share * self.budget.budget_s,
-                      self.budget.remaining() - self.scale.report_reserve_s)
+                      self.budget.remaining() - self.scale.report_reserve_s
+                      - self.budget.pace() * self.real_model_s(step_s))
         cuda, s = self.cuda, self.scale
         run_layers(models, s.gpu_seq_lens if cuda else s.seq_lens, reps=s.reps,
                    max_mem_gb=None if cuda else s.cpu_max_mem_gb,
@@ -297,55 +397,23 @@ class Demo:
                    min_seq_len=0 if self.budget.strict else s.bench_min_len(cuda),
                    json_path=path, device=self.device)
 
-    def shortfalls(self, plan: dict[str, Any]) -> list[dict[str, Any]]:
-        """The figures below their stage's minimum: ``{"stage", "names", "reason"}`` each."""
-        s, found = self.scale, []
-        if plan["train_tokens"] < s.min_train_tokens:
-            found.append({"stage": "training", "names": list(TRAINED), "reason": (
-                f"each model trained on {plan['train_tokens']:,} tokens, below the "
-                f"{s.min_train_tokens:,} a comparison of architectures needs")})
-        steps = plan.get("distill_steps", 0)
-        for name in STUDENTS:
-            if steps < s.min_distill_steps:
-                reason = (f"{name} distilled {steps} steps, below the {s.min_distill_steps} "
-                          "needed for its perplexity to converge")
-            elif name in s.unconverged:
-                reason = (f"{name} had not converged after {steps} steps ({s.unconverged[name]}): "
-                          "its ratio is where it stands, not where it ends")
-            else:
-                continue
-            found.append({"stage": "distillation", "names": [name], "reason": reason})
-        _, records = read_json(self.out / "bench-attention-layers.json")
-        reached = max((r.shape["seq_len"] for r in records if r.ms_median is not None),
-                      default=0)
-        if reached < s.bench_min_len(self.cuda):
-            found.append({"stage": "benchmark", "names": list(LAYERS), "reason": (
-                f"the length benchmark reached {reached} tokens, below the "
-                f"{s.bench_min_len(self.cuda)} where the mechanisms' curves cross")})
-        for f in found:
-            logger.warning("demo: inconclusive: %s", f["reason"])
-        return found
-
-    def report(self, plan: dict[str, Any]) -> dict[str, Any]:
-        """``demo.json``, then the report of every stage's results."""
-        s = self.scale
-        demo = {"mode": s.name, "budget_s": self.budget.budget_s,
-                "wall_s": self.budget.elapsed(), "stages_s": self.budget.stages_s,
-                "planned_s": self.budget.planned_s, "device": self.device, "cpus": os.cpu_count(),
-                "load_avg": [self.load_start, os.getloadavg()[0]],
-                "strict_budget": self.budget.strict,
-                "precision": self.precision,
-                "minimums": {"train_tokens": s.min_train_tokens,
-                             "distill_steps": s.min_distill_steps,
-                             "bench_seq_len": s.bench_min_len(self.cuda)},
-                "decisions": plan.get("decisions", []), "shortfalls": self.shortfalls(plan),
-                "notes": NOTES + (BF16_NOTE if self.bf16 else "")}
-        atomic_write_json(self.out / "demo.json", {"demo": demo})
-        inputs = collect([self.out / "probe.json", *[self.out / "runs" / n for n in TRAINED],
-                          *[self.out / "runs" / n for n in STUDENTS],
-                          self.out / "bench-attention-layers.json", self.out / "demo.json"])
-        return build_report(inputs, self.out, title="attnlab demo: is it faster in wall-clock, "
-                                                    "and at what quality?")
+    def real_model_stage(self, plan: dict[str, Any], step_s: dict[str, float]) -> None:
+        """The real-model stage (:mod:`attnlab.demo.real_model`) at its fixed sizes; with
+        ``strict_budget``, skipped (and said) when the time left cannot cover it."""
+        assert self.real is not None
+        need_s = self.budget.pace() * self.real_model_s(step_s) + self.scale.report_reserve_s
+        if self.budget.strict and need_s > self.budget.remaining():
+            decision = (f"skipping the real-model stage ({self.real.name}): it needs ~"
+                        f"{need_s:.0f} s at the pace measured so far, "
+                        f"{max(0.0, self.budget.remaining()):.0f} s are left (--strict-budget)")
+            logger.warning("demo: %s", decision)
+            plan.setdefault("decisions", []).append(decision)
+            atomic_write_json(self.out / "plan.json", plan)
+            self.real, self.real_note = None, f"The real-model stage was skipped: {decision}."
+            return
+        self.budget.planned_s["real-model"] = self.real_model_s(step_s)
+        self.check_the_rest(plan, need_s, "the real-model stage")
+        self.real.run(self.out, self.device, self.progress)
 
     @staticmethod
     def _tokens_per_step(cfg: RunConfig) -> int:
@@ -355,18 +423,24 @@ class Demo:
 def run_demo(out: str | Path, *, budget_minutes: float = BUDGET_MINUTES,
              scale: str = "full", device: str = "auto", progress: bool = True,
              strict_budget: bool = False, precision: str = "auto",
+             train_jobs: int | None = None, real_model: str = "auto",
              clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
     """Run (or finish) the demo in ``out``; returns the report's results dict. ``scale``:
     ``full`` or ``smoke`` (:data:`attnlab.demo.plan.SCALES`); ``strict_budget``: keep the
     budget and mark the stages it cuts below their minimum inconclusive (default: keep the
     minimums and go over the budget, saying by how much); ``precision``: how the models train
-    (:data:`~attnlab.demo.plan.PRECISIONS`); ``clock``: seconds for the budget
-    (tests inject a slow one)."""
+    (:data:`~attnlab.demo.plan.PRECISIONS`); ``train_jobs``: how many models train at once
+    (default: as many as the CPU has threads, one thread each; one on a GPU); ``real_model``:
+    the real-model stage (:mod:`attnlab.demo.real_model`), ``auto`` = from
+    :data:`~attnlab.demo.plan.REAL_MODEL_MINUTES` of budget; ``clock``: seconds for the
+    budget (tests inject a slow one)."""
     out = Path(out)
     budget = Budget(budget_minutes * 60.0, strict_budget, clock)
-    demo = Demo(out, SCALES[scale], budget, device, progress, precision)
+    demo = Demo(out, SCALES[scale], budget, device, progress, precision, train_jobs,
+                real_model)
     out.mkdir(parents=True, exist_ok=True)
-    names = ["probe", *TRAINED, *STUDENTS, "bench", "report"]
+    names = ["probe", "training", *STUDENTS, "bench",
+             *(["real-model"] if demo.real else []), "report"]
     with logging_redirect_tqdm(), tqdm(total=len(names), desc="demo", unit="stage",
                                        disable=not progress, dynamic_ncols=True) as bar:
 
@@ -378,11 +452,11 @@ def run_demo(out: str | Path, *, budget_minutes: float = BUDGET_MINUTES,
 
         step_s = stage("probe", demo.probe)
         plan = demo.plan(step_s)
-        for name in TRAINED:
-            stage(name, lambda n=name: demo.train_model(n, plan["train_steps"]))
-            demo.replan_after_training(plan, step_s, name)
+        stage("training", lambda: demo.train_models(plan, step_s))
         distill_steps = demo.plan_distill(plan, step_s)
         for name in STUDENTS:
             stage(name, lambda n=name: demo.distill_student(n, distill_steps))
-        stage("bench", demo.bench)
-        return stage("report", lambda: demo.report(plan))
+        stage("bench", lambda: demo.bench(step_s))
+        if demo.real is not None:
+            stage("real-model", lambda: demo.real_model_stage(plan, step_s))
+        return stage("report", lambda: write_report(demo, plan))

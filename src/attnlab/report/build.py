@@ -64,6 +64,12 @@ HOW_TO_READ = {
         "SEA's perplexity when its key budget k (trained at the middle value) or its query "
         "skip is changed at inference, without retraining; the dashed line is the dense "
         "teacher. Lower k and higher skip are cheaper."),
+    "serve": (
+        "Whole models side by side (`attnlab bench serve`, alternating rounds): cached "
+        "decoding in tokens per second from a cache of T tokens, and one prefill of T tokens "
+        "in ms, each with its ratio to the original (decode: above 1 is faster; prefill: "
+        "below 1 is faster); converted cores are untrained (speed does not depend on the "
+        "weights)."),
 }
 
 
@@ -104,7 +110,10 @@ def build_report(
         d = inputs.demo
         md += [f"`attnlab demo` ({d.get('mode')}): budget {d.get('budget_s', 0) / 60:.1f} min, "
                f"this invocation took {d.get('wall_s', 0) / 60:.1f} min; stages (s): "
-               + ", ".join(f"{k} {v:.0f}" for k, v in d.get("stages_s", {}).items()) + ".", ""]
+               + ", ".join(f"{k} {v:.0f}" for k, v in d.get("stages_s", {}).items()) + "."
+               + (f" Training runs (s, {d.get('train_jobs', 1)} at a time): "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in d["runs_s"].items()) + "."
+                  if d.get("runs_s") else ""), ""]
         if d.get("load_avg"):
             md += [f"Load on the machine (1-minute load average, {d.get('cpus')} CPUs) at the "
                    f"start and end: {d['load_avg'][0]:.1f} and {d['load_avg'][1]:.1f}. Other "
@@ -173,8 +182,15 @@ def build_report(
         lines, results["frontier"] = frontier.report_section(inputs.long_context, serve,
                                                              figure, label)
         md += lines
-    if inputs.other:
-        md += ["## Other benchmarks", "", format_table(inputs.other), ""]
+    serve = [r for r in inputs.other if r.bench == "serve"]
+    if serve:
+        from attnlab.bench import serve_report  # imports transformers
+
+        md += ["## Serving: prefill and cached decoding", "",
+               serve_report.format_summary(serve), "",
+               HOW_TO_READ["serve"], ""]
+    if other := [r for r in inputs.other if r.bench != "serve"]:
+        md += ["## Other benchmarks", "", format_table(other), ""]
     md += ["## Machine", "", machine_table(machine), "",
            "Sources (relative to this report): "
            + ", ".join(f"`{os.path.relpath(s, out)}`" for s in inputs.sources), ""]

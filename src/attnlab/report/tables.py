@@ -57,8 +57,8 @@ def headline_table(rows: Sequence[dict[str, Any]]) -> str:
             "with the other models in one process (alternating repetitions, median of at least "
             "5, warm-up excluded); training s = steps x step ms, and s to the baseline's final "
             "quality likewise (interpolated between evaluations). Own run s: the summed step "
-            "times each training run measured for itself, one run after the other, shown for "
-            "reference only (load on the machine may differ between runs)." if side else
+            "times each training run measured for itself, shown for reference only (load on "
+            "the machine, and runs training beside it, differ between runs)." if side else
             "Some runs have no side-by-side step time: their training s is their own measured "
             "time (separate runs: not comparable as a ratio).")
     return "\n".join(lines) + "\n\n" + note
@@ -146,6 +146,12 @@ def compact_table(results: Mapping[str, Any]) -> str:
         for name, c in s["crossovers"].items():
             faster = c["faster_from"] or f"not up to {c['lengths'][-1]}"
             lines.append(f"| {name} | {faster} | {c['best_ratio']:.2f} ({c['best_at']}) |")
+        blocks.append("\n".join(lines))
+    if results.get("frontier"):
+        lines = ["| T | variant | ppl x original | decode x | prefill x |", "|---|---|---|---|---|"]
+        lines += [f"| {r['seq_len']} | {r['variant']} | {fmt(r.get('ppl_ratio'), '.3f')} | "
+                  f"{fmt(r.get('decode_speedup'), '.2f')} | "
+                  f"{fmt(r.get('prefill_speedup'), '.2f')} |" for r in results["frontier"]]
         blocks.append("\n".join(lines))
     blocks += [f"INCONCLUSIVE: {f['reason']}." for f in results.get("inconclusive", [])]
     return "\n\n".join(blocks)
