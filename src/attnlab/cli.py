@@ -562,7 +562,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--real-model", choices=REAL_MODEL_CHOICES, default="auto",
                    help="the real-model stage: SEA distilled into SmolLM2-135M against the "
                         "original and a sliding window, quality and serving speed at long "
-                        f"context (~30 min on 2 cores); auto = on from --budget-minutes "
+                        f"context (~25 min on 2 cores); auto = on from --budget-minutes "
                         f"{REAL_MODEL_MINUTES:.0f}")
     p.add_argument("--smoke", action="store_true",
                    help="toy sizes, every stage in seconds (for tests)")
@@ -586,6 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         tune_cpu_allocator()
     from attnlab.config import ConfigError
+    from attnlab.demo.parallel import RunFailed
     from attnlab.train import CheckpointError, RankFailure, RunDirError, TrainingDiverged
     from attnlab.utils.device import resolve_device
 
@@ -601,6 +602,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RunFailed as err:  # a training process of the demo: its error and log, no traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

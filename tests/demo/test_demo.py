@@ -14,7 +14,7 @@ from attnlab.cli import main
 from attnlab.config import builtin_config
 from attnlab.demo import run as demo_run
 from attnlab.demo.budget import Budget
-from attnlab.demo.parallel import Run, RunFailed, train_runs
+from attnlab.demo.parallel import Run, RunFailed, measured_step_s, train_runs
 from attnlab.demo.plan import (
     BUDGET_MINUTES,
     DISTILL_STEP_FACTORS,
@@ -87,6 +87,19 @@ def test_a_failed_run_says_its_error(tmp_path):
         train_runs([Run("taken", cfg, occupied, resume=False)], jobs=2, threads=1,
                    progress=False)
     assert (tmp_path / "runs" / "taken.log").is_file()
+
+
+def test_the_measured_step_time_skips_the_start_up_window(tmp_path):
+    cfg = load_run_config(builtin_config("tiny/dense-h2"))  # 16 x 128 tokens per step
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"step": 10, "loss": 5.0, "tokens_per_s": 100.0},
+        {"step": 10, "eval_loss": 4.0},
+        {"step": 20, "loss": 4.0, "tokens_per_s": 1100.0},
+        {"step": 30, "loss": 3.5, "tokens_per_s": 1024.0},
+        {"step": 40, "loss": 3.2, "tokens_per_s": 900.0}]) + "\n{\"step\": 4")  # being written
+    assert measured_step_s(tmp_path, cfg) == pytest.approx(2048 / 1024)
+    assert Run("m", cfg, tmp_path, resume=True).progress()["step"] == 40
+    assert measured_step_s(tmp_path / "none", cfg) is None
 
 
 def test_distillation_steps_pay_for_the_teacher_and_the_evaluations():
@@ -190,9 +203,13 @@ def test_the_models_train_two_at_a_time_each_in_its_own_process(smoke_demo):
     choice = plan["lanes_choice"]
     assert choice["together"] and choice["alone_s_per_100_steps"] > 0
     assert choice["together_s_per_100_steps"] > 0
-    probed = [{r.name for r in read_json(smoke_demo / f"probe-together-{i}.json")[1]}
-              for i in range(2)]
-    assert sorted(probed[0] | probed[1]) == sorted(TRAINED) and not probed[0] & probed[1]
+    assert sorted(choice["together_step_s"]) == sorted(TRAINED)
+    assert not list(smoke_demo.glob("tmp*"))  # the second probe's files are gone
+    replanned = plan["replanned"]  # after the warm-up of the first model of each lane
+    assert replanned["at_step"] == plan["warmup_steps"] and replanned["pace"] > 0
+    assert len(replanned["measured_step_s"]) == 2
+    assert "The training steps were re-planned after the first" in (
+        smoke_demo / "report.md").read_text()
     demo = json.loads((smoke_demo / "demo.json").read_text())["demo"]
     assert set(demo["runs_s"]) == set(TRAINED) and "training" in demo["stages_s"]
     for name in TRAINED:

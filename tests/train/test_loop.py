@@ -165,3 +165,23 @@ def test_switchhead_projections_with_a_sea_core_train(tiny_run_config, tmp_path)
     )
     summary = train(load_run_config(base=cfg), tmp_path / "run", progress=False)
     assert math.isfinite(summary["eval_loss"]) and summary["steps"] == 4
+
+
+def test_a_run_paused_in_its_warm_up_resumes_to_a_new_length_exactly(tiny_run_config, tmp_path):
+    """``pause_at`` inside the warm-up, then ``resume`` with more steps: the same run as one
+    planned at that length from the start (the demo re-plans its steps this way)."""
+    def cfg(steps):
+        c = tiny_run_config(steps=steps, warmup_steps=10, eval_every=0, ckpt_every=0)
+        c["model"].update(memory_len=32)
+        c["model"]["attention"]["positions"] = "xl"
+        return load_run_config(base=c)
+
+    reference = train(cfg(30), tmp_path / "reference", progress=False)
+    paused = tmp_path / "paused"
+    assert train(cfg(20), paused, progress=False, pause_at=8) == {"paused_at": 8}
+    assert latest_checkpoint(paused).name == "step-00000008"
+    assert not (paused / "summary.json").exists()
+    resumed = train(cfg(30), paused, resume=True, progress=False)
+    assert resumed["steps"] == reference["steps"] == 30
+    assert resumed["train_loss"] == pytest.approx(reference["train_loss"], rel=1e-6)
+    assert resumed["eval_loss"] == pytest.approx(reference["eval_loss"], rel=1e-6)

@@ -39,13 +39,14 @@ POLL_S = 0.5
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """One training run: ``name`` (for messages), its config and folder, and whether it
-    resumes a started run."""
+    """One training run: ``name`` (for messages), its config and folder, whether it resumes
+    a started run, and the step to pause at (:func:`attnlab.train.train`)."""
 
     name: str
     cfg: RunConfig
     out_dir: Path
     resume: bool
+    pause_at: int | None = None
 
     @property
     def log_path(self) -> Path:
@@ -53,19 +54,36 @@ class Run:
 
     def progress(self) -> dict:
         """The last training record of the run's ``metrics.jsonl`` (``{}`` before any)."""
-        path = self.out_dir / "metrics.jsonl"
+        records = training_records(self.out_dir)
+        return records[-1] if records else {}
+
+
+def training_records(out_dir: Path) -> list[dict]:
+    """The training records (loss, tokens per second) of a run's ``metrics.jsonl``."""
+    try:
+        lines = (out_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
         try:
-            lines = path.read_text().splitlines()
-        except OSError:
-            return {}
-        for line in reversed(lines):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # the line being written
-                continue
-            if "loss" in record:
-                return record
-        return {}
+            record = json.loads(line)
+        except json.JSONDecodeError:  # the line being written
+            continue
+        if "loss" in record:
+            records.append(record)
+    return records
+
+
+def measured_step_s(out_dir: Path, cfg: RunConfig) -> float | None:
+    """The median seconds per training step of a run's logged windows after the first (which
+    pays for start-up), or of the first when it is the only one; None before any."""
+    records = training_records(out_dir)
+    rates = [r["tokens_per_s"] for r in records[1:] or records]
+    if not rates:
+        return None
+    t = cfg.train
+    return t.batch_size * t.seq_len * t.grad_accum / sorted(rates)[len(rates) // 2]
 
 
 class RunFailed(RuntimeError):
@@ -80,7 +98,8 @@ def _train_in_child(run: Run) -> None:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         tune_cpu_allocator()  # as the demo's own process
         try:
-            train(run.cfg, run.out_dir, resume=run.resume, progress=False)
+            train(run.cfg, run.out_dir, resume=run.resume, progress=False,
+                  pause_at=run.pause_at)
         except KeyboardInterrupt:  # Ctrl-C reaches every process of the terminal
             sys.exit(130)
         except BaseException as err:

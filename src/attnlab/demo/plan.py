@@ -34,8 +34,8 @@ BUDGET_MINUTES = 13.0
 
 REAL_MODEL_MINUTES = 45.0
 """The budget from which ``--real-model auto`` adds the real-model stage
-(:mod:`attnlab.demo.real_model`): the default budget's stages and the ~30 minutes the stage
-takes on the reference machine."""
+(:mod:`attnlab.demo.real_model`): the default budget's stages and the ~22-28 minutes the
+stage takes on the reference machine."""
 
 REAL_MODEL_CHOICES = ("auto", "on", "off")
 
@@ -264,30 +264,36 @@ class Lanes:
 
 
 def train_spans(step_s: Mapping[str, float], steps: int, scale: Scale, tokens_per_step: int,
-                lanes: Lanes = Lanes()) -> dict[str, tuple[float, float]]:
-    """``(start, end)`` seconds of each model's training of ``steps`` steps with its
-    evaluations, in ``step_s``'s order (seconds per probed step) on ``lanes``."""
-    rounds = steps + _train_evals(scale, tokens_per_step)
-    work = [(rounds * s + RUN_OVERHEAD_S) / SAFETY for s in step_s.values()]
+                lanes: Lanes = Lanes(), done: Mapping[str, int] | None = None,
+                ) -> dict[str, tuple[float, float]]:
+    """``(start, end)`` seconds of each model's training to ``steps`` steps with its
+    evaluations, in ``step_s``'s order (seconds per step) on ``lanes``; ``done``: steps some
+    models have already trained."""
+    done = done or {}
+    evals = _train_evals(scale, tokens_per_step)
+    work = [((steps - done.get(name, 0) + evals) * s + RUN_OVERHEAD_S) / SAFETY
+            for name, s in step_s.items()]
     return dict(zip(step_s, lanes.schedule(work), strict=True))
 
 
 def train_seconds(step_s: Mapping[str, float], steps: int, scale: Scale,
-                  tokens_per_step: int, lanes: Lanes = Lanes()) -> float:
+                  tokens_per_step: int, lanes: Lanes = Lanes(),
+                  done: Mapping[str, int] | None = None) -> float:
     """Seconds until every model has trained ``steps`` steps (:func:`train_spans`)."""
     return max(end for _, end in train_spans(step_s, steps, scale, tokens_per_step,
-                                             lanes).values())
+                                             lanes, done).values())
 
 
 def plan_train_steps(step_s: Mapping[str, float], seconds: float, scale: Scale,
-                     tokens_per_step: int, floor: int = 1, lanes: Lanes = Lanes()) -> int:
+                     tokens_per_step: int, floor: int = 1, lanes: Lanes = Lanes(),
+                     done: Mapping[str, int] | None = None) -> int:
     """Steps, equal for every model, so that training all ``step_s`` models (seconds per
-    probed step) with their evaluations on ``lanes`` fits in ``seconds``; clamped to
-    ``[floor, max_steps]``."""
+    step; ``done``: steps some have trained already) with their evaluations on ``lanes``
+    fits in ``seconds``; clamped to ``[floor, max_steps]``."""
     lo, hi = 0, scale.max_steps  # the most steps that fit, by bisection (time grows with steps)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if train_seconds(step_s, mid, scale, tokens_per_step, lanes) <= seconds:
+        if train_seconds(step_s, mid, scale, tokens_per_step, lanes, done) <= seconds:
             lo = mid
         else:
             hi = mid - 1

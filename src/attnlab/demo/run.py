@@ -26,9 +26,11 @@ terminal summary. Either way, no figure is silently below its minimum.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,9 +43,9 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from attnlab.bench import train_step
 from attnlab.bench.attention import run_layers
 from attnlab.bench.common import read_json
-from attnlab.config import builtin_config
+from attnlab.config import ConfigError, builtin_config, dump_yaml
 from attnlab.demo.budget import Budget
-from attnlab.demo.parallel import Run, probe_concurrently, train_runs
+from attnlab.demo.parallel import Run, measured_step_s, probe_concurrently, train_runs
 from attnlab.demo.plan import (
     BASELINE,
     BUDGET_MINUTES,
@@ -72,7 +74,7 @@ from attnlab.demo.summary import write_report
 from attnlab.distill import DistillRunConfig, distill, load_distill_config
 from attnlab.train import RunDirError, load_run_config, train
 from attnlab.train.config import RunConfig
-from attnlab.utils.io import atomic_write_json
+from attnlab.utils.io import atomic_write_json, atomic_write_text
 from attnlab.utils.precision import native_bf16
 
 logger = logging.getLogger(__name__)
@@ -119,7 +121,7 @@ class Demo:
                           f"--budget-minutes {REAL_MODEL_MINUTES:.0f} (or --real-model on).")
         if (why := real.missing()) is not None:
             if choice == "on":
-                raise ValueError(f"the real-model stage cannot run: {why}")
+                raise ConfigError(f"the real-model stage cannot run: {why}")
             return None, f"The real-model stage ({real.name}) did not run: {why}."
         return real, real.describe()
 
@@ -175,37 +177,47 @@ class Demo:
 
     def choose_lanes(self, step_s: dict[str, float]) -> None:
         """One model at a time on every thread, or :attr:`jobs` at once on :attr:`threads`
-        each: a second probe times the trained models in that arrangement (``probe-together-
-        <i>.json``, one per process), and the models train together when it predicts their
-        training sooner, or when ``train_jobs`` asked for it (a resumed demo keeps its plan's
-        choice). Sets :attr:`lanes` and :attr:`train_step_s`, the step times to plan with."""
+        each: a second probe times the trained models in that arrangement (one process per
+        lane; its step times are kept in ``plan.json``'s ``lanes_choice``), and the models
+        train together when it predicts their training sooner, or when ``train_jobs`` asked
+        for it (a resumed demo keeps its plan's choice). Sets :attr:`lanes` and
+        :attr:`train_step_s`, the step times to plan with."""
         self.train_step_s = {n: step_s[n] for n in TRAINED}
         if self.jobs == 1:
             return
         order = sorted(TRAINED, key=lambda name: -step_s[name])  # slowest first: even lanes
-        paths = [self.out / f"probe-together-{i}.json" for i in range(self.jobs)]
-        if not all(p.is_file() for p in paths):
-            probe_concurrently([{n: self.trained_config(n) for n in order[i::self.jobs]}
-                                for i in range(self.jobs)], self.scale.together_reps,
-                               self.threads, paths)
-        together = {r.name: (r.ms_median + r.ms_min) / 2e3
-                    for p in paths for r in read_json(p)[1]}
-        cores = 1 if self.cuda else torch.get_num_threads()
-        lanes = Lanes(self.jobs, max(1, cores // self.threads))
-        tokens, s = self._tokens_per_step(self.config(TRAINED[BASELINE])), self.scale
-        alone_s = train_seconds(self.train_step_s, 100, s, tokens)
-        together_s = train_seconds({n: together[n] for n in order}, 100, s, tokens, lanes)
         planned = self.out / "plan.json"
-        chosen = (json.loads(planned.read_text()).get("train_jobs", 1) > 1 if planned.is_file()
-                  else self.jobs_forced or together_s < alone_s)
-        self.lanes_choice = {"alone_s_per_100_steps": alone_s,
-                             "together_s_per_100_steps": together_s, "together": chosen}
-        logger.info("probe: 100 steps of every model take ~%.0f s one at a time, ~%.0f s %d at "
-                    "a time: training %s", alone_s, together_s, self.jobs,
-                    f"{self.jobs} at a time" if chosen else "one at a time")
+        if planned.is_file():
+            plan = json.loads(planned.read_text())
+            self.lanes_choice = plan.get("lanes_choice") or {}
+            chosen = plan.get("train_jobs", 1) > 1
+        else:
+            with tempfile.TemporaryDirectory(dir=self.out) as tmp:
+                paths = [Path(tmp) / f"lane-{i}.json" for i in range(self.jobs)]
+                probe_concurrently([{n: self.trained_config(n) for n in order[i::self.jobs]}
+                                    for i in range(self.jobs)], self.scale.together_reps,
+                                   self.threads, paths)
+                together = {r.name: (r.ms_median + r.ms_min) / 2e3
+                            for p in paths for r in read_json(p)[1]}
+            alone_s = train_seconds(self.train_step_s, 100, self.scale, self.tokens_per_step)
+            together_s = train_seconds({n: together[n] for n in order}, 100, self.scale,
+                                       self.tokens_per_step, self.together_lanes)
+            chosen = self.jobs_forced or together_s < alone_s
+            self.lanes_choice = {"alone_s_per_100_steps": alone_s,
+                                 "together_s_per_100_steps": together_s, "together": chosen,
+                                 "together_step_s": together}
+            logger.info("probe: 100 steps of every model take ~%.0f s one at a time, ~%.0f s "
+                        "%d at a time: training %s", alone_s, together_s, self.jobs,
+                        f"{self.jobs} at a time" if chosen else "one at a time")
         if chosen:
-            self.lanes = lanes
-            self.train_step_s = {n: together[n] for n in order}
+            self.lanes = self.together_lanes
+            self.train_step_s = {n: self.lanes_choice["together_step_s"][n] for n in order}
+
+    @property
+    def together_lanes(self) -> Lanes:
+        """:attr:`jobs` runs at once, as many at full speed as the threads allow."""
+        cores = 1 if self.cuda else torch.get_num_threads()
+        return Lanes(self.jobs, max(1, cores // self.threads))
 
     def later_minimum_s(self, step_s: dict[str, float]) -> float:
         """Seconds the stages after training need at their minimums (at the probe's pace)."""
@@ -220,13 +232,31 @@ class Demo:
     def bench_min_s(self, step_s: dict[str, float]) -> float:
         return bench_min_seconds(self.scale, step_s[SPEED_PROBE], self.cuda)
 
+    def fit_train_steps(self, step_s: dict[str, float], train_step_s: dict[str, float],
+                        pace: float = 1.0, done: dict[str, int] | None = None,
+                        ) -> tuple[int, float, float]:
+        """``(steps, training seconds, seconds every stage at its minimum needs)`` for the
+        time left: the training minimum, plus ``train_share`` of what the budget leaves beyond
+        every stage's minimum and the benchmark's share; under the minimum only with
+        ``strict_budget``. ``train_step_s``: the models' seconds per step as they will train;
+        ``pace``: the later stages' time over the probe's; ``done``: steps trained already."""
+        s, left, lanes = self.scale, self.budget.remaining(), self.lanes
+        tokens = self.tokens_per_step
+        min_steps = s.min_train_steps(tokens)
+        train_min_s = train_seconds(train_step_s, min_steps, s, tokens, lanes, done)
+        needed = train_min_s + pace * self.later_minimum_s(step_s)
+        spare = left - needed - s.bench_share * self.budget.budget_s
+        seconds = train_min_s + s.train_share * max(0.0, spare)
+        if needed > left and self.budget.strict:
+            seconds = train_min_s * max(0.0, left) / needed  # every stage cut alike
+        steps = plan_train_steps(train_step_s, seconds, s, tokens, lanes=lanes, done=done,
+                                 floor=1 if self.budget.strict else min_steps)
+        return steps, seconds, needed
+
     def plan(self, step_s: dict[str, float]) -> dict[str, Any]:
-        """The training steps (planned once, kept in ``plan.json``): the minimum, plus
-        ``train_share`` of what the budget leaves beyond every stage's minimum and the
-        benchmark's share; under the minimum only with ``strict_budget``."""
+        """The training steps from the probe (kept in ``plan.json``; re-planned once from the
+        measured pace, :meth:`replan_training`)."""
         path = self.out / "plan.json"
-        tokens = self._tokens_per_step(self.config(TRAINED[BASELINE]))
-        trained = self.train_step_s
         if path.is_file():
             plan = json.loads(path.read_text())
             if plan["scale"] != self.scale.name:
@@ -236,28 +266,53 @@ class Demo:
                 raise RunDirError(f"{self.out} holds a demo trained in {plan.get('precision')};"
                                   f" finish it with --precision {plan.get('precision')} or "
                                   "give another --out")
-        else:
-            s, left, lanes = self.scale, self.budget.remaining(), self.lanes
-            min_steps = s.min_train_steps(tokens)
-            train_min_s = train_seconds(trained, min_steps, s, tokens, lanes)
-            needed = train_min_s + self.later_minimum_s(step_s)
-            spare = left - needed - s.bench_share * self.budget.budget_s
-            seconds = train_min_s + s.train_share * max(0.0, spare)
-            if needed > left and self.budget.strict:
-                seconds = train_min_s * max(0.0, left) / needed  # every stage cut alike
-            steps = plan_train_steps(trained, seconds, s, tokens,
-                                     floor=1 if self.budget.strict else min_steps, lanes=lanes)
-            plan = {"scale": s.name, "budget_s": self.budget.budget_s, "train_steps": steps,
-                    "train_tokens": steps * tokens, "strict_budget": self.budget.strict,
-                    "precision": self.precision, "train_jobs": lanes.jobs,
-                    "train_threads": self.threads if lanes.jobs > 1 else None,
-                    "lanes_choice": self.lanes_choice}
-            logger.info("plan: %d training steps (%d tokens) per model, %d at a time, in ~%.0f "
-                        "s; every stage at its minimum needs ~%.0f s of the %.0f s left", steps,
-                        steps * tokens, lanes.jobs, seconds, needed, left)
-            atomic_write_json(path, plan)
-            self.check_the_rest(plan, needed, "the stages at their minimums")
+            return plan
+        steps, seconds, needed = self.fit_train_steps(step_s, self.train_step_s)
+        tokens = self.tokens_per_step
+        warmup = self.trained_config(BASELINE).train.warmup_steps
+        plan = {"scale": self.scale.name, "budget_s": self.budget.budget_s,
+                "train_steps": steps, "train_tokens": steps * tokens,
+                "warmup_steps": min(warmup, max(1, steps // 10)),
+                "strict_budget": self.budget.strict, "precision": self.precision,
+                "train_jobs": self.lanes.jobs,
+                "train_threads": self.threads if self.lanes.jobs > 1 else None,
+                "lanes_choice": self.lanes_choice}
+        logger.info("plan: %d training steps (%d tokens) per model, %d at a time, in ~%.0f s; "
+                    "every stage at its minimum needs ~%.0f s of the %.0f s left", steps,
+                    steps * tokens, self.lanes.jobs, seconds, needed, self.budget.remaining())
+        atomic_write_json(path, plan)
+        self.check_the_rest(plan, needed, "the stages at their minimums")
         return plan
+
+    def replan_training(self, plan: dict[str, Any], step_s: dict[str, float]) -> None:
+        """Train the first model of every lane through its warm-up (its learning rate does
+        not depend on the run's length until then), then re-plan every model's steps from
+        the pace they measured, once (``plan.json``: ``replanned``). A probe of a few seconds
+        on a shared machine can be off by a third; the warm-up gives ~20 s of every lane."""
+        warmup, first = plan["warmup_steps"], list(self.train_step_s)[:self.lanes.jobs]
+        if "replanned" in plan or warmup >= plan["train_steps"]:
+            return
+        runs = [run for name in first
+                if (run := self.train_run(name, plan, pause_at=warmup)) is not None]
+        self.train_runs(runs)
+        measured = {r.name: measured_step_s(r.out_dir, r.cfg) for r in runs}
+        ratios = [m / self.train_step_s[n] for n, m in measured.items() if m is not None]
+        if not ratios:  # finished earlier: nothing measured
+            plan["replanned"] = {}
+            return
+        pace = sorted(ratios)[len(ratios) // 2]
+        steps, seconds, needed = self.fit_train_steps(
+            step_s, {n: pace * t for n, t in self.train_step_s.items()}, pace,
+            {name: warmup for name in first})
+        tokens = self.tokens_per_step
+        plan["replanned"] = {"at_step": warmup, "pace": pace, "probe_steps": plan["train_steps"],
+                             "measured_step_s": measured}
+        plan.update(train_steps=steps, train_tokens=steps * tokens)
+        logger.info("plan: after %d steps of %s at x%.2f the probe's pace, %d training steps "
+                    "per model (the probe planned %d) in ~%.0f s", warmup, ", ".join(first),
+                    pace, steps, plan["replanned"]["probe_steps"], seconds)
+        atomic_write_json(self.out / "plan.json", plan)
+        self.check_the_rest(plan, needed, "training and the later stages at their minimums")
 
     def check_training(self, plan: dict[str, Any], step_s: dict[str, float],
                        started: float) -> None:
@@ -312,50 +367,65 @@ class Demo:
         self.budget.planned_s.pop(name, None)  # says nothing of the pace
         return True
 
-    def train_run(self, name: str, steps: int) -> Run | None:
-        """The training of model ``name`` for ``steps`` steps (resuming a started run), or
-        None if it finished earlier."""
+    def train_run(self, name: str, plan: dict[str, Any], pause_at: int | None = None,
+                  ) -> Run | None:
+        """The training of model ``name`` to the plan's steps (resuming a started run, whose
+        ``config.yaml`` takes the re-planned length), or None if it finished earlier."""
         run_dir = self.out / "runs" / name
         if self._finished(name, run_dir):
             return None
-        if (run_dir / "config.yaml").is_file():
-            return Run(name, load_run_config(run_dir / "config.yaml"), run_dir, resume=True)
-        s = self.scale
+        steps, s = plan["train_steps"], self.scale
         every = max(1, steps // s.evals)
-        warmup = min(self.trained_config(name).train.warmup_steps, max(1, steps // 10))
-        cfg = self.trained_config(name, (
-            f"train.steps={steps}", f"train.eval_every={every}", f"train.ckpt_every={every}",
-            f"train.warmup_steps={warmup}", f"train.eval_tokens={s.eval_tokens}",
-            f"train.final_eval_tokens={s.final_eval_tokens}",
-            f"train.log_every={max(1, min(10, every // 2))}"))
-        return Run(name, cfg, run_dir, resume=False)
+        length = (f"train.steps={steps}", f"train.eval_every={every}",
+                  f"train.ckpt_every={every}", f"train.log_every={max(1, min(10, every // 2))}")
+        if not (run_dir / "config.yaml").is_file():
+            cfg = self.trained_config(name, (
+                *length, f"train.warmup_steps={plan['warmup_steps']}",
+                f"train.eval_tokens={s.eval_tokens}",
+                f"train.final_eval_tokens={s.final_eval_tokens}"))
+            return Run(name, cfg, run_dir, resume=False, pause_at=pause_at)
+        cfg = load_run_config(run_dir / "config.yaml", length)
+        atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))  # the length that runs
+        return Run(name, cfg, run_dir, resume=True, pause_at=pause_at)
 
-    def train_models(self, plan: dict[str, Any], step_s: dict[str, float]) -> None:
-        """Train every model of :data:`TRAINED` on ``lanes`` (reusing finished runs, resuming
-        started ones); after each, re-plan the rest at the measured pace."""
-        runs = [run for name in self.train_step_s
-                if (run := self.train_run(name, plan["train_steps"])) is not None]
-        tokens = self._tokens_per_step(self.config(TRAINED[BASELINE]))
-        spans = train_spans({r.name: self.train_step_s[r.name] for r in runs},
-                            plan["train_steps"], self.scale, tokens, self.lanes)
-        self.train_planned_s = max((end for _, end in spans.values()), default=0.0)
-        for run in runs:
-            if not run.resume:  # a part of a run says nothing of the pace
-                self.budget.planned_s[run.name] = spans[run.name][1] - spans[run.name][0]
-        started = self.budget.elapsed()
-
-        def done(run: Run, seconds: float) -> None:
-            self.budget.record_run(run.name, seconds)
-            self.check_training(plan, step_s, started)
-
+    def train_runs(self, runs: list[Run], done: Callable[[Run, float], None] | None = None,
+                   ) -> None:
+        """Train ``runs`` on :attr:`lanes`: in processes of their own when several at once,
+        else here, one after the other; ``done(run, seconds)`` after each."""
         if self.lanes.jobs > 1:
             train_runs(runs, self.lanes.jobs, self.threads, progress=self.progress,
                        on_done=done)
             return
         for run in runs:
             start = self.budget.clock()
-            train(run.cfg, run.out_dir, resume=run.resume, progress=self.progress)
-            done(run, self.budget.clock() - start)
+            train(run.cfg, run.out_dir, resume=run.resume, progress=self.progress,
+                  pause_at=run.pause_at)
+            if done is not None:
+                done(run, self.budget.clock() - start)
+
+    def train_models(self, plan: dict[str, Any], step_s: dict[str, float]) -> None:
+        """Train every model of :data:`TRAINED` on :attr:`lanes` (reusing finished runs,
+        resuming started ones), its steps re-planned after the first warm-ups; after each
+        run, re-plan the rest at the measured pace."""
+        self.replan_training(plan, step_s)
+        started = self.budget.elapsed()
+        runs = [run for name in self.train_step_s
+                if (run := self.train_run(name, plan)) is not None]
+        tokens = self.tokens_per_step
+        paused = {name: plan["replanned"]["at_step"]
+                  for name in plan.get("replanned", {}).get("measured_step_s", {})}
+        spans = train_spans({r.name: self.train_step_s[r.name] for r in runs},
+                            plan["train_steps"], self.scale, tokens, self.lanes, paused)
+        self.train_planned_s = max((end for _, end in spans.values()), default=0.0)
+        for run in runs:
+            if not run.resume or run.name in paused:  # else a part of a run from before
+                self.budget.planned_s[run.name] = spans[run.name][1] - spans[run.name][0]
+
+        def done(run: Run, seconds: float) -> None:
+            self.budget.record_run(run.name, seconds)
+            self.check_training(plan, step_s, started)
+
+        self.train_runs(runs, done)
 
     def distill_config(self, name: str, steps: int) -> DistillRunConfig:
         """Distillation of student ``name`` from the teacher run, ``steps`` steps."""
@@ -415,9 +485,11 @@ class Demo:
         self.check_the_rest(plan, need_s, "the real-model stage")
         self.real.run(self.out, self.device, self.progress)
 
-    @staticmethod
-    def _tokens_per_step(cfg: RunConfig) -> int:
-        return cfg.train.batch_size * cfg.train.seq_len * cfg.train.grad_accum
+    @functools.cached_property
+    def tokens_per_step(self) -> int:
+        """Training tokens per step of every trained model."""
+        t = self.config(TRAINED[BASELINE]).train
+        return t.batch_size * t.seq_len * t.grad_accum
 
 
 def run_demo(out: str | Path, *, budget_minutes: float = BUDGET_MINUTES,

@@ -95,11 +95,16 @@ def training_note(demo: Demo, plan: dict[str, Any]) -> str:
                  f"predicted 100 steps of every model in "
                  f"{choice.get('together_s_per_100_steps', 0):.0f} s, against "
                  f"{choice.get('alone_s_per_100_steps', 0):.0f} s one at a time on every "
-                 "thread. The step times compared above come from the first probe, every model "
-                 "alone on every thread, side by side.")
+                 "thread. The step times this report compares come from the first probe: "
+                 "every model alone on every thread, side by side.")
     elif choice:
         note += (f" They train one at a time: a second probe timed them two or more at once "
                  f"and predicted 100 steps of every model in "
                  f"{choice['together_s_per_100_steps']:.0f} s that way, against "
                  f"{choice['alone_s_per_100_steps']:.0f} s one at a time.")
+    if replanned := plan.get("replanned"):
+        note += (f" The training steps were re-planned after the first {replanned['at_step']} "
+                 f"steps of {', '.join(replanned['measured_step_s'])}, which ran at "
+                 f"x{replanned['pace']:.2f} the probe's pace: {replanned['probe_steps']} "
+                 f"steps planned from the probe, {plan['train_steps']} trained.")
     return note

@@ -101,14 +101,15 @@ MARKERS = {"original": "*", "sea": "o", "window": "s", "oracle": "^", "performer
 def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
                   path: str | os.PathLike[str], title: str = "",
                   decode_batch: int = DECODE_BATCH) -> Path:
-    """Quality (perplexity ratio; passkey accuracy) against speed (decode; prefill speedup
-    over the original) at ``seq_len``: one marker per variant, labelled with its keys per
-    row; a variant without a measured speed (the oracle) is a dashed line at its quality.
-    Needs matplotlib."""
+    """Quality (perplexity ratio; passkey accuracy: a row of panels per task measured)
+    against speed (decode; prefill speedup over the original) at ``seq_len``: one marker per
+    variant, labelled with its keys per row; a variant without a measured speed (the oracle)
+    is a dashed line at its quality. Needs matplotlib."""
     mine = [p for p in points if p["seq_len"] == seq_len]
-    fig, grid = new_figure(2, width=5.2, height=4.2, nrows=2)
-    rows = (("ppl_ratio", "perplexity x original (lower is better)"),
-            ("passkey", "passkey accuracy (higher is better)"))
+    tasks = (("ppl_ratio", "perplexity x original (lower is better)"),
+             ("passkey", "passkey accuracy (higher is better)"))
+    rows = [row for row in tasks if any(p.get(row[0]) is not None for p in mine)] or tasks
+    fig, grid = new_figure(2, width=5.2, height=4.2, nrows=len(rows), squeeze=False)
     cols = (("decode_speedup", f"decode speedup over the original (batch {decode_batch})"),
             ("prefill_speedup", "prefill speedup over the original"))
     for i, (qkey, qlabel) in enumerate(rows):

@@ -148,18 +148,22 @@ def peak_rss_mb() -> float:
 
 
 def train(
-    cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True
+    cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True,
+    pause_at: int | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) a run in ``out_dir``; returns the summary also written to JSON.
 
-    Under torchrun every rank calls this and gets the same summary.
+    Under torchrun every rank calls this and gets the same summary. ``pause_at``: stop once
+    this step is done, with a checkpoint there and no final evaluation or summary (returns
+    ``{"paused_at": step}``); ``resume`` continues it, with the same or a changed
+    ``train.steps`` (the learning rate stays continuous while the pause is in the warm-up).
     """
     out_dir = Path(out_dir)
     dist = Dist.from_env()
     device = rank_device(cfg.train.device, dist)
     with process_group(dist, device):
         try:
-            return _train(cfg, out_dir, resume, progress, dist, device)
+            return _train(cfg, out_dir, resume, progress, dist, device, pause_at)
         except RuntimeError as err:
             if not (dist.enabled and lost_peer(err)):
                 raise
@@ -176,7 +180,8 @@ def train(
 
 
 def _train(
-    cfg: RunConfig, out_dir: Path, resume: bool, progress: bool, dist: Dist, device: torch.device
+    cfg: RunConfig, out_dir: Path, resume: bool, progress: bool, dist: Dist, device: torch.device,
+    pause_at: int | None = None,
 ) -> dict[str, Any]:
     prepare_run_dir(out_dir, resume, dist)
     t = cfg.train
@@ -327,6 +332,12 @@ def _train(
         if t.ckpt_every and step % t.ckpt_every == 0 and step < t.steps:
             checkpoint()
         bar.update(1)
+        if pause_at is not None and step >= pause_at and step < t.steps:
+            bar.close()
+            checkpoint()
+            if metrics is not None:
+                metrics.close()
+            return {"paused_at": step}
     bar.close()
 
     checkpoint()
