@@ -177,12 +177,11 @@ def build_report(
             mac_rows, p, f"MACs against measured time\n{label}"))
         if "macs" in figures:
             md += [f"![MACs]({figures['macs']})", "", HOW_TO_READ["macs"], ""]
+    serve = [r for r in inputs.other if r.bench == "serve"]
     if inputs.long_context:
-        serve = [r for r in inputs.other if r.bench == "serve"]
         lines, results["frontier"] = frontier.report_section(inputs.long_context, serve,
                                                              figure, label)
         md += lines
-    serve = [r for r in inputs.other if r.bench == "serve"]
     if serve:
         from attnlab.bench import serve_report  # imports transformers
 
