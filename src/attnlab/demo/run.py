@@ -4,16 +4,18 @@ Stages, each leaving its result in ``out`` (atomically, so an interrupted demo r
 up finished stages and resumes a half-done run from its last checkpoint):
 
 1. ``probe.json``: one training step of every model, side by side (bench JSON);
-2. ``plan.json``: the steps the budget allows (training; distillation once it starts), and
-   every decision taken when the measured pace could not cover a stage's minimum;
+2. ``plan.json``: how many models train at once (a second probe), the steps the budget
+   allows (training, re-planned once after the first warm-ups; distillation once it starts),
+   and every decision taken when the measured pace could not cover a stage's minimum;
 3. ``runs/<model>/``: each model of :data:`~attnlab.demo.plan.TRAINED` trained on the same
    tokens (``attnlab train`` run folders); on a CPU several at once, each in its own process
    on its share of the threads, its log in ``runs/<model>.log`` (:mod:`attnlab.demo.parallel`);
 4. ``runs/<student>/``: SEA and Performer distilled from the RoPE teacher
    (``attnlab distill`` run folders);
 5. ``bench-attention-layers.json``: attention layers against sequence length (bench JSON);
-6. ``demo.json`` (budget, stage times, minimums, shortfalls, decisions, notes), then
-   ``report.md``, the PNGs and ``results.json`` (:func:`attnlab.report.build_report`).
+6. with a large enough budget, the real-model stage (:mod:`attnlab.demo.real_model`);
+7. ``demo.json`` (budget, stage times, minimums, shortfalls, decisions, notes), then
+   ``report.md``, the PNGs and ``results.json`` (:mod:`attnlab.demo.summary`).
 
 Validity first, budget second. Every stage has a minimum (:class:`~attnlab.demo.plan.Scale`).
 After every stage the demo compares the time it took with the time planned for it and
