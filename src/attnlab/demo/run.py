@@ -106,6 +106,7 @@ class Demo:
         self.bf16 = precision == "bf16" or (precision == "auto" and native_bf16(self.device))
         self.precision = "bf16" if self.bf16 else "fp32"
         self.load_start = os.getloadavg()[0]
+        self.cores = 1 if self.cuda else torch.get_num_threads()  # training lanes' share
         self.jobs, self.threads = self._jobs(train_jobs)
         self.jobs_forced = train_jobs is not None
         self.lanes = Lanes()  # one at a time until the probes say otherwise
@@ -131,10 +132,9 @@ class Demo:
         """How many models may train at once, and on how many threads each: by default
         (``jobs`` None) on a CPU as many as there are threads, one thread each, at most one per
         model (:meth:`choose_lanes` then decides from a probe); on a GPU one at a time."""
-        cores = 1 if self.cuda else torch.get_num_threads()
         if jobs is None:
-            jobs = 1 if self.cuda else max(1, min(len(TRAINED), cores))
-        return jobs, max(1, cores // jobs)
+            jobs = 1 if self.cuda else max(1, min(len(TRAINED), self.cores))
+        return jobs, max(1, self.cores // jobs)
 
     def config(self, source: str, overrides: tuple[str, ...] = ()) -> RunConfig:
         """A built-in config with the scale's and the given overrides, on the demo's device."""
@@ -218,8 +218,7 @@ class Demo:
     @property
     def together_lanes(self) -> Lanes:
         """:attr:`jobs` runs at once, as many at full speed as the threads allow."""
-        cores = 1 if self.cuda else torch.get_num_threads()
-        return Lanes(self.jobs, max(1, cores // self.threads))
+        return Lanes(self.jobs, max(1, self.cores // self.threads))
 
     def later_minimum_s(self, step_s: dict[str, float]) -> float:
         """Seconds the stages after training need at their minimums (at the probe's pace)."""
