@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 
 from attnlab.cli import main
 from attnlab.config import builtin_config
@@ -19,8 +20,10 @@ def trained_run(tiny_run_config, tmp_path):
 def test_train_eval_generate(trained_run, capsys):
     capsys.readouterr()
     assert main(["eval", "--run", str(trained_run), "--split", "valid", "--max-tokens",
-                 "2048"]) == 0
-    report = json.loads(capsys.readouterr().out)
+                 "2048", "--threads", str(torch.get_num_threads())]) == 0
+    captured = capsys.readouterr()
+    assert "eval: 100%" in captured.err  # the progress bar
+    report = json.loads(captured.out)
     assert report["split"] == "valid" and report["step"] == 30 and report["bpc"] < 8
     assert main(["generate", "--run", str(trained_run), "--prompt", "def ", "--max-new-tokens",
                  "20", "--seed", "1"]) == 0

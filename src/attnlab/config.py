@@ -178,6 +178,14 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         raise ConfigError(f"override {assignment!r} must look like key.path=value")
     path, raw = assignment.split("=", 1)
     keys = path.strip().split(".")
+    if not all(keys):
+        raise ConfigError(f"override {assignment!r}: {path!r} is not a key path like train.lr")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as err:
+        problem = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise ConfigError(f"override {assignment!r}: the value is not valid YAML ({problem}); "
+                          "quote a mapping, e.g. --set 'key={name: sea, k: 16}'") from err
     node = data
     for key in keys[:-1]:
         child = node.get(key)
@@ -185,7 +193,7 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
             child = {"name": child}
         node[key] = child if isinstance(child, dict) else {}
         node = node[key]
-    node[keys[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    node[keys[-1]] = value
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -195,6 +203,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}")
     try:
         data = yaml.safe_load(path.read_text()) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not a text (UTF-8) YAML file") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from err
     if not isinstance(data, dict):

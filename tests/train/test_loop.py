@@ -47,7 +47,7 @@ def test_existing_run_is_never_overwritten(tiny_run_config, tmp_path):
     with pytest.raises(RunDirError, match="already holds a run; pass --resume"):
         train(load_run_config(base=tiny_run_config(steps=5)), out, progress=False)
     assert (out / "summary.json").read_bytes() == before
-    with pytest.raises(RunDirError, match="no run to resume"):
+    with pytest.raises(RunDirError, match="there is no run in .*empty to resume"):
         train(load_run_config(base=tiny_run_config()), tmp_path / "empty", resume=True)
 
 

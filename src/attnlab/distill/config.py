@@ -1,6 +1,6 @@
 """Settings of ``attnlab distill``: the teacher, the student's attention, and the recipe.
 
-The recipe follows SEA's (``../shared/specs/sea.md`` section 2): the student starts from the
+The recipe follows SEA's (arXiv:2310.01777, its distillation section): the student starts from the
 teacher's weights, new attention modules freshly initialised; the loss is
 ``ce_weight * CE + hidden_weight * mean_l MSE(hidden_l) + logits_weight * KL(logits) +
 attention_weight * mean_l (estimate + attention + context terms)``; the new modules learn at

@@ -14,14 +14,11 @@ Hugging Face folder ``student/`` for Hugging Face teachers.
 from __future__ import annotations
 
 import logging
-import math
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from attnlab.config import ConfigError, dump_yaml
 from attnlab.distill.config import DistillConfig, DistillRunConfig
@@ -29,15 +26,11 @@ from attnlab.distill.pair import DistillPair, Forward
 from attnlab.distill.student import param_groups
 from attnlab.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from attnlab.train.distributed import Dist, rank_device
-from attnlab.train.loop import MetricsLog, RunDirError, TrainingDiverged, peak_rss_mb
-from attnlab.utils.io import atomic_write_json, atomic_write_text
+from attnlab.train.runner import Cadence, MetricsLog, RunFolder, Runner, StepResult, peak_rss_mb
+from attnlab.train.schedules import warmup_constant
+from attnlab.utils.io import atomic_write_json
 
 logger = logging.getLogger(__name__)
-
-
-def lr_at(step: int, d: DistillConfig) -> float:
-    """Linear warm-up, then constant (SEA distils at a constant rate)."""
-    return d.lr * min(1.0, (step + 1) / max(1, d.warmup_steps))
 
 
 def _mean_mse(students: list, teachers: list) -> torch.Tensor:
@@ -95,109 +88,88 @@ def open_pair(run_cfg: DistillRunConfig, device: torch.device) -> DistillPair:
     return open_hf_pair(run_cfg, device)
 
 
-def _prepare_out_dir(out_dir: Path, resume: bool) -> None:
-    has_run = (out_dir / "distill.yaml").exists() or (out_dir / "checkpoints").exists()
-    if resume and not has_run:
-        raise RunDirError(f"--resume: {out_dir} holds no distillation to resume "
-                          "(no distill.yaml)")
-    if not resume and has_run:
-        raise RunDirError(f"{out_dir} already holds a distillation; pass --resume to "
-                          "continue it, or choose another --out")
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-
 def distill(run_cfg: DistillRunConfig, out_dir: str | Path, *, resume: bool = False,
             progress: bool = True) -> dict[str, Any]:
     """Distil (or resume) into ``out_dir``; returns the summary also written to JSON."""
-    out_dir, d = Path(out_dir), run_cfg.distill
-    _prepare_out_dir(out_dir, resume)
+    folder = RunFolder(out_dir, "distill.yaml", "distillation", resume=resume)
+    folder.check()
+    with folder.lifetime():
+        return _run(run_cfg, folder, progress)
+
+
+def _run(run_cfg: DistillRunConfig, folder: RunFolder, progress: bool) -> dict[str, Any]:
+    out_dir, d = folder.path, run_cfg.distill
     torch.manual_seed(d.seed)
-    device = rank_device(d.device, Dist())
+    device = rank_device(d.device, Dist(), "distill.device")
     pair = open_pair(run_cfg, device)
     student, seq_len = pair.student, pair.seq_len
-    if not resume:
-        atomic_write_text(out_dir / "distill.yaml", dump_yaml(run_cfg))
-        pair.write_setup(out_dir)
     optimizer = torch.optim.AdamW(
         param_groups(student, pair.new_params, d.weight_decay, d.new_lr_mult,
                      d.pretrained_lr_mult),
         lr=d.lr,
     )
-    step, wall = 0, 0.0
-    if resume and latest_checkpoint(out_dir) is not None:
-        ckpt = load_checkpoint(out_dir, student, map_location=device, optimizer=optimizer)
-        torch.set_rng_state(ckpt.state["rng"])
-        step, wall = ckpt.step, ckpt.state["wall_s"]
-        logger.info("resumed from %s", ckpt.path)
-    metrics = MetricsLog(out_dir, step if resume else None, tensorboard=False)
 
-    def checkpoint() -> None:
-        save_checkpoint(out_dir, step, student, {"rng": torch.get_rng_state(), "wall_s": wall},
+    def save(step: int, state: dict[str, Any]) -> None:
+        save_checkpoint(out_dir, step, student, {**state, "rng": torch.get_rng_state()},
                         keep=d.keep_checkpoints, optimizer=optimizer)
         pair.export(out_dir)
 
-    tokens_per_step = d.batch_size * seq_len
-    bar = tqdm(total=d.steps, initial=step, disable=not progress, unit="step", dynamic_ncols=True)
-    window: list[dict[str, float]] = []
-    student.train()
-    while step < d.steps:
-        start = time.perf_counter()
+    def evaluate() -> dict[str, float]:
+        return {f"eval_{k}": v for k, v in pair.evaluate_student(seq_len, d.eval_tokens).items()}
+
+    runner = Runner(folder, Cadence(d.steps, d.log_every, d.eval_every, d.ckpt_every),
+                    tokens_per_step=d.batch_size * seq_len, save=save, evaluate=evaluate,
+                    metrics=None, what="distillation", progress=progress,
+                    divergence_hint="Try a lower distill.lr or distill.new_lr_mult.")
+    if folder.resume and latest_checkpoint(out_dir) is not None:
+        ckpt = load_checkpoint(out_dir, student, map_location=device, optimizer=optimizer)
+        torch.set_rng_state(ckpt.state["rng"])
+        runner.restore(ckpt.step, ckpt.state)
+        logger.info("resumed from %s", ckpt.path)
+        if (done := folder.finished_summary(runner.step, d.steps)) is not None:
+            pair.close()
+            return done
+    folder.create()
+    if not folder.resume:
+        pair.write_setup(out_dir)
+    folder.write_config(dump_yaml(run_cfg), runner.step)
+    runner.metrics = MetricsLog(out_dir, runner.step if folder.resume else None)
+
+    def distill_step(step: int) -> StepResult:
+        lr = warmup_constant(step, d.lr, d.warmup_steps)
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, d) * group["lr_mult"]
+            group["lr"] = lr * group["lr_mult"]
         x, y = (t.to(device) for t in pair.batch(d.batch_size, d.seed, step))
         with torch.no_grad():
             teacher = pair.teacher_forward(x)
         loss, parts = distill_loss(d, pair.student_forward(x, y, teacher), teacher)
         del teacher
-        if not math.isfinite(parts["loss"]):
-            bar.close()
-            raise TrainingDiverged(
-                f"distillation loss became {parts['loss']} at step {step}; stopping. The last "
-                f"good checkpoint is {latest_checkpoint(out_dir) or 'none (none written yet)'}."
-                " Try a lower distill.lr or distill.new_lr_mult."
-            )
         loss.backward()
         if d.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(student.parameters(), d.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        step += 1
-        elapsed = time.perf_counter() - start
-        wall += elapsed
-        window.append({**parts, "time": elapsed})
-        if step % d.log_every == 0 or step == d.steps:
-            record = {k: sum(w[k] for w in window) / len(window) for k in window[0]
-                      if k != "time"}
-            record.update(step=step, lr=lr_at(step - 1, d), tokens=step * tokens_per_step,
-                          tokens_per_s=len(window) * tokens_per_step / sum(w["time"]
-                                                                           for w in window))
-            metrics.write(record)
-            bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-            window = []
-        if d.eval_every and step % d.eval_every == 0 and step < d.steps:
-            result = pair.evaluate_student(seq_len, d.eval_tokens)
-            metrics.write({"step": step, **{f"eval_{k}": v for k, v in result.items()}})
-        if d.ckpt_every and step % d.ckpt_every == 0 and step < d.steps:
-            checkpoint()
-        bar.update(1)
-    bar.close()
-    checkpoint()
+        return StepResult(parts, lr)
+
+    student.train()
+    runner.run(distill_step)
     pair.close()
 
     student.eval()
     summary: dict[str, Any] = {"teacher": str(d.teacher), "student_attention":
-                               d.student_attention.to_yaml(), "steps": step,
-                               "tokens": step * tokens_per_step, "seq_len": seq_len,
-                               **pair.summary()}
+                               d.student_attention.to_yaml(), "steps": runner.step,
+                               "tokens": runner.tokens, "seq_len": seq_len, **pair.summary()}
     entries, final = pair.compare(seq_len, d.final_eval_tokens)
     summary.update(entries)
-    metrics.write({"step": step, **{f"eval_{k}": v for k, v in final.items()}})
+    runner.metrics.write({"step": runner.step, **{f"eval_{k}": v for k, v in final.items()}})
     summary["inference"] = _inference_grid(pair, d)
     if d.long_context > 1:
         summary["long_context"] = pair.long_context(d.long_context, d.final_eval_tokens)
-    summary.update(wall_s=wall, peak_rss_mb=peak_rss_mb(), device=str(device),
+    summary.update(wall_s=runner.wall, peak_rss_mb=peak_rss_mb(), device=str(device),
                    torch=torch.__version__)
-    metrics.close()
+    if changes := folder.config_changes():
+        summary["config_changes"] = changes
+    runner.metrics.close()
     atomic_write_json(out_dir / "summary.json", summary)
     return summary
 

@@ -2,13 +2,15 @@
 
 from attnlab.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from attnlab.train.config import RunConfig, TrainConfig, load_run_config
-from attnlab.train.loop import RankFailure, RunDirError, TrainingDiverged, train
+from attnlab.train.loop import RankFailure, train
+from attnlab.train.runner import RunDirError, RunInterrupted, TrainingDiverged
 
 __all__ = [
     "CheckpointError",
     "RankFailure",
     "RunConfig",
     "RunDirError",
+    "RunInterrupted",
     "TrainConfig",
     "TrainingDiverged",
     "load_checkpoint",

@@ -184,7 +184,8 @@ def load_checkpoint_at(
     try:
         meta = json.loads((path / "meta.json").read_text())
     except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path / 'meta.json'} is corrupt: {err}") from err
+        raise CheckpointError(f"{path / 'meta.json'} is corrupt: {err}. "
+                              f"{_older_checkpoint_hint(path)}") from err
     if meta.get("format") != FORMAT_VERSION:
         raise CheckpointError(
             f"{path}: checkpoint format {meta.get('format')} is not {FORMAT_VERSION}"
@@ -196,10 +197,19 @@ def load_checkpoint_at(
     try:
         state = torch.load(path / "state.pt", map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises several types for a corrupt pickle/zip
-        raise CheckpointError(f"{path / 'state.pt'} is corrupt: {err}") from err
+        raise CheckpointError(
+            f"{path / 'state.pt'} is corrupt: torch.load cannot read it "
+            f"({type(err).__name__}). {_older_checkpoint_hint(path)}"
+        ) from err
     if optimizer is not None and not sharded:
         optimizer.load_state_dict(state["optimizer"])
     return Checkpoint(path, int(meta["step"]), state)
+
+
+def _older_checkpoint_hint(path: Path) -> str:
+    """How to go on without the corrupt checkpoint ``path``."""
+    return (f"Remove {path} and write the name of an older checkpoint into "
+            f"{path.parent / 'latest'}, or start a new run")
 
 
 def _load_safetensors(file: Path, model: nn.Module, map_location: str | torch.device) -> None:
@@ -212,7 +222,8 @@ def _load_safetensors(file: Path, model: nn.Module, map_location: str | torch.de
         missing, unexpected = load_model(unwrap(model), str(file), strict=False,
                                          device=str(map_location))
     except (SafetensorError, OSError) as err:
-        raise CheckpointError(f"{file} is corrupt: {err}") from err
+        raise CheckpointError(f"{file} is corrupt: {err}. "
+                              f"{_older_checkpoint_hint(file.parent)}") from err
     except RuntimeError as err:  # shape mismatch
         raise CheckpointError(
             f"checkpoint {file.parent} does not match the model (different config?): {err}"

@@ -33,6 +33,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from attnlab.config import ConfigError
+from attnlab.utils.device import resolve_device
+
 logger = logging.getLogger(__name__)
 
 MODES = ("ddp", "fsdp")
@@ -131,19 +134,19 @@ def is_main_process() -> bool:
     return Dist.from_env().is_main
 
 
-def rank_device(name: str, d: Dist) -> torch.device:
-    """The device for ``train.device`` ``name`` (auto, cpu, cuda, cuda:N) on this rank.
+def rank_device(name: str, d: Dist, key: str = "train.device") -> torch.device:
+    """The device for config ``key``'s value ``name`` (auto, cpu, cuda, cuda:N) on this rank.
 
     With several processes a CUDA device is always the rank's own, ``cuda:LOCAL_RANK``.
     """
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"train.device={name!r} but CUDA is not available; use cpu or auto")
-        if d.enabled:
-            device = torch.device("cuda", d.local_rank)
+    try:
+        device = resolve_device(name)
+    except ValueError as err:
+        raise ConfigError(f"{key}: {err} (or auto)") from err
+    if device.type == "cuda" and d.enabled:
+        device = torch.device("cuda", d.local_rank)
     return device
 
 

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from attnlab.data import SequentialBatches
 from attnlab.models import DecoderLM
@@ -23,6 +24,7 @@ def evaluate_lm(
     device: torch.device | str = "cpu",
     autocast_dtype: torch.dtype | None = None,
     dist: Dist | None = None,
+    progress: bool = False,
 ) -> dict[str, float]:
     """Mean next-token loss (nats) over non-overlapping ``seq_len`` chunks of ``tokens``.
 
@@ -31,6 +33,7 @@ def evaluate_lm(
     ``max_tokens`` caps the number of predicted tokens. Returns ``{"loss", "tokens"}``.
     With ``dist`` every rank of the job calls this, reads its own share of the lanes, and
     gets the whole evaluation's result (the one-process result up to float rounding).
+    ``progress``: a progress bar over the chunks.
     """
     dist = dist or Dist()
     batches = SequentialBatches(tokens, batch_size, seq_len)
@@ -43,7 +46,8 @@ def evaluate_lm(
     memory = None
     total, count = 0.0, 0
     device_type = torch.device(device).type
-    for i in range(n_chunks):
+    for i in tqdm(range(n_chunks), desc="eval", unit="chunk", disable=not progress,
+                  dynamic_ncols=True):
         x, y = (dist.shard(t).to(device) for t in batches.get(i))
         with torch.autocast(device_type, dtype=autocast_dtype or torch.bfloat16,
                             enabled=autocast_dtype is not None):

@@ -4,7 +4,9 @@
 ``config.yaml`` (resolved), ``tokenizer.json``, ``metrics.jsonl``, ``checkpoints/`` and, when
 it finishes, ``summary.json``. Batches are a pure function of (seed, step), and the
 checkpoint carries model, optimizer, RNG and XL-memory state, so ``resume=True`` continues
-exactly where the last checkpoint left off.
+exactly where the last checkpoint left off. This file holds the step and the evaluation;
+the run's lifecycle around them (folder, cadence, divergence, Ctrl-C) is
+:mod:`attnlab.train.runner`'s.
 
 Under ``torchrun`` (``WORLD_SIZE`` > 1) each rank trains on its rows of the same global batch
 (see :mod:`attnlab.train.distributed`), the model is wrapped in DDP or FSDP2
@@ -15,14 +17,10 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import resource
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from attnlab.config import ConfigError, dump_yaml
 from attnlab.data import (
@@ -48,17 +46,18 @@ from attnlab.train.distributed import (
     wrap_model,
 )
 from attnlab.train.evaluate import evaluate_lm, loss_metrics
-from attnlab.utils.io import atomic_write_json, atomic_write_text
+from attnlab.train.runner import (
+    Cadence,
+    MetricsLog,
+    RunFolder,
+    Runner,
+    StepResult,
+    peak_rss_mb,
+)
+from attnlab.train.schedules import warmup_cosine
+from attnlab.utils.io import atomic_write_json
 
 logger = logging.getLogger(__name__)
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the last good checkpoint is kept."""
-
-
-class RunDirError(RuntimeError):
-    """The output folder already holds a run (or holds none to resume)."""
 
 
 class RankFailure(RuntimeError):
@@ -66,13 +65,9 @@ class RankFailure(RuntimeError):
 
 
 def lr_at(step: int, cfg: RunConfig) -> float:
-    """Linear warm-up, then cosine decay from ``lr`` to ``lr * min_lr_ratio``."""
+    """The rate of ``step``: linear warm-up, then cosine decay to ``lr * min_lr_ratio``."""
     t = cfg.train
-    if step < t.warmup_steps:
-        return t.lr * (step + 1) / t.warmup_steps
-    progress = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
-    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-    return t.lr * (t.min_lr_ratio + (1.0 - t.min_lr_ratio) * cosine)
+    return warmup_cosine(step, t.lr, t.warmup_steps, t.steps, t.min_lr_ratio)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.AdamW:
@@ -86,65 +81,11 @@ def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2))
 
 
-def prepare_run_dir(out_dir: Path, resume: bool, dist: Dist) -> None:
-    has_run = (out_dir / "config.yaml").exists() or (out_dir / "checkpoints").exists()
-    if resume and not has_run:
-        raise RunDirError(f"--resume: {out_dir} holds no run to resume (no config.yaml)")
-    if not resume and has_run:
-        raise RunDirError(
-            f"{out_dir} already holds a run; pass --resume to continue it, or choose another --out"
-        )
-    dist.barrier()  # every rank has looked before rank 0 writes
-    if dist.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-
-
 def load_data(cfg: RunConfig, out_dir: Path, resume: bool, dist: Dist) -> TokenizedCorpus:
     """The corpus; rank 0 builds caches (and a BPE tokenizer) first, the others reuse them."""
     with dist.main_first():
         tokenizer = load_tokenizer(out_dir) if resume else None
-        corpus = load_corpus(cfg.data, tokenizer=tokenizer)
-        if not resume and dist.is_main:
-            corpus.tokenizer.save(out_dir)
-    return corpus
-
-
-class MetricsLog:
-    """Append-only ``metrics.jsonl`` (plus optional TensorBoard), truncated on resume."""
-
-    def __init__(self, out_dir: Path, resume_step: int | None, tensorboard: bool) -> None:
-        self.path = out_dir / "metrics.jsonl"
-        if resume_step is not None and self.path.exists():
-            kept = [
-                line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= resume_step
-            ]
-            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
-        self.writer = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as err:
-                raise ImportError(
-                    "train.tensorboard needs: pip install 'attnlab[tensorboard]'"
-                ) from err
-            self.writer = SummaryWriter(str(out_dir / "tensorboard"))
-
-    def write(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
-        if self.writer is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self.writer.add_scalar(key, value, record["step"])
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        return load_corpus(cfg.data, tokenizer=tokenizer)
 
 
 def train(
@@ -183,8 +124,18 @@ def _train(
     cfg: RunConfig, out_dir: Path, resume: bool, progress: bool, dist: Dist, device: torch.device,
     pause_at: int | None = None,
 ) -> dict[str, Any]:
-    prepare_run_dir(out_dir, resume, dist)
-    t = cfg.train
+    folder = RunFolder(out_dir, "config.yaml", "run", resume=resume, main=dist.is_main)
+    folder.check()
+    dist.barrier()  # every rank has looked before rank 0 writes
+    with folder.lifetime():
+        return _run(cfg, folder, progress, dist, device, pause_at)
+
+
+def _run(
+    cfg: RunConfig, folder: RunFolder, progress: bool, dist: Dist, device: torch.device,
+    pause_at: int | None,
+) -> dict[str, Any]:
+    t, out_dir, resume = cfg.train, folder.path, folder.resume
     for what, rows in (("train.batch_size", t.batch_size),
                        ("train.eval_batch_size", t.eval_batch_size)):
         try:  # both are global batches: each rank takes 1 / world_size of the rows
@@ -200,13 +151,10 @@ def _train(
     if cfg.model.vocab_size is None:
         cfg.model.vocab_size = corpus.tokenizer.vocab_size
     elif cfg.model.vocab_size < corpus.tokenizer.vocab_size:
-        raise ValueError(
+        raise ConfigError(
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's "
             f"{corpus.tokenizer.vocab_size}"
         )
-    if not resume and dist.is_main:
-        atomic_write_text(out_dir / "config.yaml", dump_yaml(cfg))
-
     plain = DecoderLM(cfg.model).to(device)  # same seed on every rank: the same model
     n_params = plain.num_params()
     model = wrap_model(plain, t.distributed, plain.blocks, t.find_unused_parameters)
@@ -214,16 +162,48 @@ def _train(
     sharded = t.distributed == "fsdp"  # FSDP runs write sharded checkpoints, on any world size
     logger.info("model: %.2fM parameters on %s", n_params / 1e6, device)
 
-    step, tokens_seen, train_wall = 0, 0, 0.0
     memory: ModelCache | None = None
+
+    def save(step: int, state: dict[str, Any]) -> None:
+        save_checkpoint(out_dir, step, model, {
+            **state, "rng": torch.get_rng_state(),
+            "memory": map_tensors(dist.all_gather_rows, memory.to_state())  # every rank's lanes
+            if memory is not None else None,
+        }, keep=t.keep_checkpoints, optimizer=optimizer, sharded=sharded, dist=dist)
+
+    bytes_per_token = corpus.bytes_per_token("valid")
+
+    def evaluate(max_tokens: int | None = t.eval_tokens) -> dict[str, float]:
+        result = evaluate_lm(
+            unwrap(model), corpus.valid, batch_size=t.eval_batch_size, seq_len=t.seq_len,
+            max_tokens=max_tokens, device=device,
+            autocast_dtype=torch.bfloat16 if t.bf16 else None, dist=dist,
+        )
+        return {"eval_loss": result["loss"], "eval_tokens": result["tokens"],
+                **{f"eval_{k}": v for k, v in loss_metrics(result["loss"], corpus.unit,
+                                                           bytes_per_token).items()}}
+
+    runner = Runner(
+        folder, Cadence(t.steps, t.log_every, t.eval_every, t.ckpt_every),
+        tokens_per_step=t.batch_size * t.seq_len * t.grad_accum, save=save, evaluate=evaluate,
+        metrics=None, what="training", progress=progress and dist.is_main,
+        divergence_hint="Try a lower train.lr, train.grad_clip > 0, or train.warmup_steps.",
+        graceful_stop=not dist.enabled,  # under torchrun, SIGTERM means a peer failed
+    )
     if resume and latest_checkpoint(out_dir) is not None:
         ckpt = load_checkpoint(out_dir, model, map_location=device, optimizer=optimizer)
         torch.set_rng_state(ckpt.state["rng"])
-        step, tokens_seen = ckpt.step, ckpt.state["tokens"]
-        train_wall = ckpt.state["train_wall_s"]
+        runner.restore(ckpt.step, ckpt.state)
         memory = ModelCache.from_state(map_tensors(dist.shard, ckpt.state["memory"]))
         logger.info("resumed from %s", ckpt.path)
-    metrics = MetricsLog(out_dir, step if resume else None, t.tensorboard) if dist.is_main else None
+        if (done := folder.finished_summary(runner.step, t.steps)) is not None:
+            return dist.broadcast_object(done)
+    folder.create()
+    if not resume and dist.is_main:
+        corpus.tokenizer.save(out_dir)
+    folder.write_config(dump_yaml(cfg), runner.step)
+    if dist.is_main:
+        runner.metrics = MetricsLog(out_dir, runner.step if resume else None, t.tensorboard)
 
     sequential = None
     if cfg.sequential:
@@ -237,39 +217,10 @@ def _train(
             x, y = random_batch(corpus.train, t.batch_size, t.seq_len, t.seed, index)
         return dist.shard(x).to(device), dist.shard(y).to(device)
 
-    def log(record: dict[str, Any]) -> None:
-        if metrics is not None:
-            metrics.write(record)
-
-    bytes_per_token = corpus.bytes_per_token("valid")
-
-    def run_eval(max_tokens: int | None) -> dict[str, float]:
-        result = evaluate_lm(
-            unwrap(model), corpus.valid, batch_size=t.eval_batch_size, seq_len=t.seq_len,
-            max_tokens=max_tokens, device=device,
-            autocast_dtype=torch.bfloat16 if t.bf16 else None, dist=dist,
-        )
-        return {"eval_loss": result["loss"], "eval_tokens": result["tokens"],
-                **{f"eval_{k}": v for k, v in loss_metrics(result["loss"], corpus.unit,
-                                                           bytes_per_token).items()}}
-
-    def checkpoint() -> None:
-        save_checkpoint(out_dir, step, model, {
-            "rng": torch.get_rng_state(), "tokens": tokens_seen, "train_wall_s": train_wall,
-            "memory": map_tensors(dist.all_gather_rows, memory.to_state())  # every rank's lanes
-            if memory is not None else None,
-        }, keep=t.keep_checkpoints, optimizer=optimizer, sharded=sharded, dist=dist)
-
-    wall_start = time.perf_counter()
-    tokens_per_step = t.batch_size * t.seq_len * t.grad_accum
-    bar = tqdm(total=t.steps, initial=step, disable=not (progress and dist.is_main), unit="step",
-               dynamic_ncols=True)
-    loss_sum, aux_sum, loss_count, window_time, window_tokens = 0.0, 0.0, 0, 0.0, 0
-    last_eval: dict[str, float] = {}
     check_unused = model is not plain and not t.find_unused_parameters  # DDP wraps, FSDP not
-    model.train()
-    while step < t.steps:
-        step_start = time.perf_counter()
+
+    def train_step(step: int) -> StepResult:
+        nonlocal memory, check_unused
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -282,18 +233,10 @@ def _train(
                 if cfg.model.memory_len:
                     memory = out.cache.trimmed(cfg.model.memory_len)
                 loss = out.loss + out.aux_loss
-                # one all-reduce: the job's loss, LM loss and aux loss (NaN on any rank: NaN)
-                total, lm_loss, aux_loss = dist.all_reduce(
-                    torch.stack([loss, out.loss, out.aux_loss]).detach().float(), "mean"
+                # one all-reduce: the job's LM and aux loss (NaN on any rank: NaN on every one)
+                lm_loss, aux_loss = dist.all_reduce(
+                    torch.stack([out.loss, out.aux_loss]).detach().float(), "mean"
                 ).tolist()
-                if not math.isfinite(total):  # every rank sees it and stops
-                    bar.close()
-                    last = latest_checkpoint(out_dir)
-                    raise TrainingDiverged(
-                        f"loss became {total} at step {step}; stopping. The last good "
-                        f"checkpoint is {last or 'none (no checkpoint written yet)'}. Try a lower "
-                        "train.lr, train.grad_clip > 0, or train.warmup_steps."
-                    )
                 (loss / t.grad_accum).backward()
             step_loss += lm_loss / t.grad_accum
             step_aux += aux_loss / t.grad_accum
@@ -309,57 +252,38 @@ def _train(
             torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        step += 1
-        tokens_seen += tokens_per_step
-        step_time = time.perf_counter() - step_start
-        train_wall += step_time
-        loss_sum, aux_sum, loss_count = loss_sum + step_loss, aux_sum + step_aux, loss_count + 1
-        window_time, window_tokens = window_time + step_time, window_tokens + tokens_per_step
+        values = {"loss": step_loss}
+        if out.aux:  # the model has auxiliary losses (e.g. MoE balancing)
+            values["aux_loss"] = step_aux
+        return StepResult(values, lr)
 
-        if step % t.log_every == 0 or step == t.steps:
-            record = {"step": step, "loss": loss_sum / loss_count, "lr": lr, "tokens": tokens_seen,
-                      "tokens_per_s": window_tokens / max(window_time, 1e-9),
-                      "wall_s": time.perf_counter() - wall_start}
-            if out.aux:  # the model has auxiliary losses (e.g. MoE balancing)
-                record["aux_loss"] = aux_sum / loss_count
-            log(record)
-            bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-            loss_sum, aux_sum, loss_count, window_time, window_tokens = 0.0, 0.0, 0, 0.0, 0
-        if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-            last_eval = run_eval(t.eval_tokens)
-            log({"step": step, **last_eval})
-            logger.info("step %d: eval loss %.4f", step, last_eval["eval_loss"])
-        if t.ckpt_every and step % t.ckpt_every == 0 and step < t.steps:
-            checkpoint()
-        bar.update(1)
-        if pause_at is not None and step >= pause_at and step < t.steps:
-            bar.close()
-            checkpoint()
-            if metrics is not None:
-                metrics.close()
-            return {"paused_at": step}
-    bar.close()
+    model.train()
+    if not runner.run(train_step, pause_at):
+        if runner.metrics is not None:
+            runner.metrics.close()
+        return {"paused_at": runner.step}
 
-    checkpoint()
-    last_eval = run_eval(t.final_eval_tokens)
-    if metrics is None:  # not rank 0: rank 0 writes the summary, and every rank returns it
+    last_eval = evaluate(t.final_eval_tokens)
+    if runner.metrics is None:  # not rank 0: rank 0 writes the summary, and every rank returns it
         return dist.broadcast_object(None)
-    metrics.write({"step": step, **last_eval})
-    metrics.close()
+    runner.metrics.write({"step": runner.step, **last_eval})
+    runner.metrics.close()
     summary = {
         "params": n_params,
-        "steps": step,
-        "tokens": tokens_seen,
+        "steps": runner.step,
+        "tokens": runner.tokens,
         "unit": corpus.unit,
         "train_loss": last_train_loss(out_dir),
         **last_eval,
-        "tokens_per_s": tokens_seen / max(train_wall, 1e-9),
+        "tokens_per_s": runner.tokens / max(runner.wall, 1e-9),
         "peak_rss_mb": peak_rss_mb(),
-        "wall_s": time.perf_counter() - wall_start,
-        "train_wall_s": train_wall,
+        "wall_s": runner.wall_s,
+        "train_wall_s": runner.wall,
         "device": str(device),
         "torch": torch.__version__,
     }
+    if changes := folder.config_changes():
+        summary["config_changes"] = changes
     if dist.enabled:
         summary.update(processes=dist.world_size, distributed=t.distributed)
     atomic_write_json(out_dir / "summary.json", summary)

@@ -60,3 +60,20 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def unwritable_reason(path: str | os.PathLike[str], *, folder: bool = False) -> str | None:
+    """Why ``path`` (a file, or a ``folder``) cannot be created or written, or None if it can.
+
+    Checked before any work starts, so a long job never fails at its very end.
+    """
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        return f"{path} is {'a file, not a folder' if folder else 'a folder, not a file path'}"
+    parent = path if folder else path.absolute().parent
+    existing = next(p for p in (parent, *parent.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
