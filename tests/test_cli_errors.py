@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import os
 import shutil
+from importlib.resources import files
+from pathlib import Path
 
 import pytest
 import torch
 
 from attnlab.cli import MIN_REPS, main
 from tests.helpers import dump_config
+
+CONFIGS = Path(str(files("attnlab") / "configs"))
 
 
 def cli(argv, capsys) -> tuple[int, str]:
@@ -159,3 +163,20 @@ def test_data_in_the_wrong_format(config, tmp_path, capsys):
 def test_verbose_shows_the_traceback(tmp_path, capsys):
     status, err = cli(["-v", "eval", "--run", tmp_path / "missing"], capsys)
     assert status == 2 and "Traceback" in err and "not an attnlab run folder" in err
+
+
+SHIPPED_CONFIGS = sorted(
+    str(path.relative_to(CONFIGS)) for path in CONFIGS.rglob("*.yaml")
+)
+
+
+@pytest.mark.parametrize("name", SHIPPED_CONFIGS)
+def test_macs_on_every_shipped_config(name, capsys):
+    """Figures, or one line saying what the accounting does not cover."""
+    status = main(["macs", "--config", str(CONFIGS / name)])
+    out, err = capsys.readouterr()
+    if status == 0:
+        assert "model_macs_per_token" in out
+    else:
+        assert status == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+        assert "MAC accounting covers" in err or "distillation config" in err, err

@@ -4,9 +4,16 @@ import numpy as np
 import pytest
 
 from attnlab.data import BPETokenizer, DataConfig, load_corpus, train_bpe
+from attnlab.data import enwik8
 from attnlab.data.enwik8 import split_bounds
 
 DATA = bytes(np.random.default_rng(0).integers(0, 256, 2000, dtype=np.uint8))
+
+
+@pytest.fixture(autouse=True)
+def small_standard_size(monkeypatch):
+    """The real format at 2,000 bytes: the size check is tested on its own below."""
+    monkeypatch.setattr(enwik8, "STANDARD_BYTES", len(DATA))
 
 
 def load(path, tmp_path, **kw):
@@ -66,6 +73,27 @@ def test_errors(tmp_path):
         zf.writestr("readme.txt", "hello")
     with pytest.raises(ValueError, match=r"no member 'enwik8' \(found \['readme.txt'\]\)"):
         load(wrong, tmp_path)
+
+
+@pytest.mark.parametrize("size", [0, 10, len(DATA) - 1, len(DATA) + 1])
+def test_a_file_of_another_size_is_refused(size, tmp_path):
+    raw = tmp_path / "enwik8"
+    raw.write_bytes((DATA * 2)[:size])
+    with pytest.raises(ValueError, match=rf"{raw}: it holds {size:,} bytes, not the 2,000"):
+        load(raw, tmp_path)
+    archive = tmp_path / "enwik8.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("enwik8", (DATA * 2)[:size])
+    with pytest.raises(ValueError, match=rf"its member 'enwik8' holds {size:,} bytes"):
+        load(archive, tmp_path)
+
+
+def test_the_real_size_is_accepted(monkeypatch, tmp_path):
+    monkeypatch.undo()  # the shipped size, not the fixture's
+    raw = tmp_path / "enwik8"
+    with open(raw, "wb") as fh:
+        fh.truncate(100_000_000)  # sparse: nothing is written or read
+    assert enwik8.Enwik8Source(raw).bounds["test"] == (95_000_000, 100_000_000)
 
 
 def test_corrupt_zip_member_raises(tmp_path):

@@ -159,3 +159,54 @@ def test_incompatible_combination_is_rejected(core_without_score_bias):
 def test_core_output_record_defaults():
     out = CoreOutput(torch.zeros(1))
     assert out.aux == {} and out.state is None
+
+
+def test_layer_context_defaults_and_checks():
+    ctx = LayerContext(d_model=32, n_heads=4)
+    assert (ctx.d_head, ctx.causal, ctx.layer_idx, ctx.n_layers, ctx.init_scale) == (
+        8, True, 0, 1, 1.0)
+    with pytest.raises(ValueError, match="d_model=30 is not divisible by n_heads=4"):
+        LayerContext(d_model=30, n_heads=4)
+    assert LayerContext(d_model=30, n_heads=4, d_head=16).d_head == 16
+    with pytest.raises(ValueError, match=r"layer_idx=2 is not in \[0, n_layers=2\)"):
+        LayerContext(d_model=32, n_heads=4, layer_idx=2, n_layers=2)
+    with pytest.raises(ValueError, match="n_heads must be >= 1"):
+        LayerContext(d_model=32, n_heads=0)
+
+
+@pytest.mark.parametrize("cfg", [AttentionConfig(n_heads=2), AttentionConfig(n_heads=4, d_head=16)])
+def test_config_and_context_must_agree(cfg):
+    with pytest.raises(ValueError, match="disagrees with LayerContext"):
+        Attention(LayerContext(d_model=32, n_heads=4), cfg)
+    Attention(LayerContext(d_model=32, n_heads=4), AttentionConfig(n_heads=4))  # d_head derived
+
+
+def test_input_dtype_must_match_the_weights_outside_autocast():
+    layer = Attention(LayerContext(d_model=32, n_heads=4), AttentionConfig(n_heads=4))
+    x = torch.randn(1, 5, 32, dtype=torch.float64)
+    with pytest.raises(TypeError, match="input is torch.float64 but the layer's weights are "
+                                        "torch.float32"):
+        layer(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(x.float()).hidden.dtype == torch.bfloat16
+
+
+def test_a_cache_from_another_layer_shape_or_batch_is_refused():
+    layer = make_layer()
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    cache = layer(x, use_cache=True).cache
+    assert cache.layer_idx == 0
+    second = Attention(LayerContext(d_model=32, n_heads=4, layer_idx=1, n_layers=2),
+                       AttentionConfig(n_heads=4)).double()
+    with pytest.raises(ValueError, match="made by layer 0, not by this layer \\(1\\)"):
+        second(x[:, :1], cache=cache)
+    with pytest.raises(ValueError, match=r"cache.k is \(2, 4, 6, 8\), but this layer and batch "
+                                         r"need \[1, 4, cached tokens, 8\]"):
+        layer(x[:1, :1], cache=cache)
+    two_heads = make_layer(n_heads=2)  # d_head stays 8: another shape
+    with pytest.raises(ValueError, match="cache.k is"):
+        two_heads(torch.randn(2, 1, 32, dtype=torch.float64), cache=cache)
+    with pytest.raises(TypeError, match="cache.k is torch.float32 on cpu, but this layer "
+                                        "computes torch.float64"):
+        layer(x[:, :1], cache=cache.trimmed(6).__class__(cache.k.float(), cache.v.float()))
+    assert layer(x[:, :1], cache=cache.selected(torch.arange(6))).hidden.shape == (2, 1, 32)

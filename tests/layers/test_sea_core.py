@@ -17,8 +17,8 @@ F64 = torch.float64
 SMALL = {"k": 2, "predictor_length": 8}  # T = 30 rows: the mask is really sparse
 
 
-def make_ctx(causal=True, n_layers=2):
-    return LayerContext(d_model=32, n_heads=4, d_head=8, causal=causal, max_seq_len=64,
+def make_ctx(causal=True, n_layers=2, max_seq_len=64):
+    return LayerContext(d_model=32, n_heads=4, d_head=8, causal=causal, max_seq_len=max_seq_len,
                         layer_idx=0, n_layers=n_layers, init_scale=1.0)
 
 
@@ -30,9 +30,10 @@ def make_layer(causal=True, positions="rope", n_kv_heads=None, projections=None,
     return Attention(make_ctx(causal), cfg).double().eval()
 
 
-def make_core(causal=True, **options):
+def make_core(causal=True, max_seq_len=64, **options):
     torch.manual_seed(0)
-    return SEACore(make_ctx(causal), SEAOptions(**{**SMALL, **options})).double().eval()
+    return SEACore(make_ctx(causal, max_seq_len=max_seq_len),
+                   SEAOptions(**{**SMALL, **options})).double().eval()
 
 
 def qkv(b=2, t=30, h=4, d=8, seed=0):
@@ -196,7 +197,7 @@ def test_sparse_and_dense_attention_paths_agree(causal):
     q, k, v = (x.requires_grad_() for x in qkv(t=70))  # 2 row blocks
     results = []
     for path in ("sparse", "dense"):
-        core = make_core(causal, attention_path=path)
+        core = make_core(causal, max_seq_len=70, attention_path=path)
         out = core(q, k, v, scale=0.3).out
         results.append((out, torch.autograd.grad(out.square().sum(), (q, k, v))))
     (a, grads_a), (b, grads_b) = results
@@ -216,7 +217,7 @@ def test_inference_paths_agree_under_padding(causal):
     mask[0, 5:9] = False
     mask[1, 60:] = False
     with torch.no_grad():
-        a, b = (make_core(causal, attention_path=path)(q, k, v, scale=0.3,
+        a, b = (make_core(causal, 70, attention_path=path)(q, k, v, scale=0.3,
                                                        key_padding_mask=mask).out
                 for path in ("sparse", "dense"))
     real = mask[:, None, :, None].expand_as(a)
@@ -371,3 +372,14 @@ def test_training_losses_recomputed_in_backward_give_the_same_gradients(monkeypa
             assert g is None
         else:
             torch.testing.assert_close(g, plain, rtol=1e-10, atol=1e-12)
+
+
+def test_a_key_past_the_learned_position_table_is_an_error():
+    layer = make_layer()  # max_seq_len=64
+    x = torch.randn(1, 64, 32, dtype=F64)
+    layer(x)  # the whole table is fine
+    with pytest.raises(ValueError, match="has max_seq_len=64 rows, but a key is at position 64"):
+        layer(torch.randn(1, 65, 32, dtype=F64))
+    cache = layer(x, use_cache=True).cache
+    with pytest.raises(ValueError, match="larger max_seq_len"):
+        layer(torch.randn(1, 1, 32, dtype=F64), cache=cache)  # decoding past it, too

@@ -1,7 +1,8 @@
 """enwik8: the first 10^8 bytes of an English Wikipedia XML dump, read as raw bytes.
 
-Split: the first 90% of the bytes are train, the next 5% valid, the last 5% test; for the
-standard 100,000,000-byte file that is the usual 90M / 5M / 5M split.
+Split: the first 90% of the bytes are train, the next 5% valid, the last 5% test: the usual
+90M / 5M / 5M split of the 100,000,000-byte file. Any other size is refused, since results on
+another file would not be enwik8 results.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from .sources import SPLITS, Chunk, CorpusSource
 from .textio import BLOCK_BYTES
 
 MEMBER = "enwik8"
+STANDARD_BYTES = 100_000_000
 
 
 def split_bounds(size: int) -> dict[str, tuple[int, int]]:
@@ -48,6 +50,12 @@ class Enwik8Source(CorpusSource):
         self.path = path
         self.zipped = path.suffix == ".zip"
         self.size = self._member_size() if self.zipped else path.stat().st_size
+        if self.size != STANDARD_BYTES:
+            what = f"its member {MEMBER!r} holds" if self.zipped else "it holds"
+            raise ValueError(
+                f"{path}: {what} {self.size:,} bytes, not the {STANDARD_BYTES:,} of enwik8; "
+                f"{_expected()}"
+            )
         self.bounds = split_bounds(self.size)
 
     def _member_size(self) -> int:

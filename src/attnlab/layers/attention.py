@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.config import ConfigError, PartSpec
-from attnlab.layers.base import Aux, LayerContext, merge_aux
+from attnlab.layers.base import Aux, LayerContext, Projected, merge_aux
 from attnlab.layers.registry import CORES, POSITIONS, PROJECTIONS
 
 
@@ -60,7 +60,8 @@ class LayerCache:
     key_mask: ``[B, Tc]`` bool (True = real token) or None when all are real;
     core_state: the core's own decoding state;
     positions: ``[Tc]`` long, each cached token's position, or None for ``0..Tc-1``. A core
-    that never attends to some past keys again (``window``) drops them, leaving gaps.
+    that never attends to some past keys again (``window``) drops them, leaving gaps;
+    layer_idx: the layer that made the cache (None: unknown), checked when it is used.
     """
 
     k: Tensor
@@ -68,6 +69,7 @@ class LayerCache:
     key_mask: Tensor | None = None
     core_state: Any = None
     positions: Tensor | None = None
+    layer_idx: int | None = None
 
     @property
     def length(self) -> int:
@@ -88,8 +90,8 @@ class LayerCache:
     def selected(self, columns: Tensor) -> LayerCache:
         """Only the cached tokens at ``columns`` (``[n]`` long, increasing), positions kept."""
         mask = None if self.key_mask is None else self.key_mask[:, columns]
-        return LayerCache(self.k[..., columns, :], self.v[..., columns, :], mask,
-                          self.core_state, self.key_positions()[columns])
+        return dataclasses.replace(self, k=self.k[..., columns, :], v=self.v[..., columns, :],
+                                   key_mask=mask, positions=self.key_positions()[columns])
 
     def trimmed(self, max_len: int, detach: bool = True) -> LayerCache:
         """The last ``max_len`` tokens, renumbered from 0 (Transformer-XL memory; stateful
@@ -101,7 +103,7 @@ class LayerCache:
             positions = self.positions[-max_len:] - self.positions[-max_len:][0]
         if detach:
             k, v = k.detach(), v.detach()
-        return LayerCache(k, v, mask, self.core_state, positions)
+        return dataclasses.replace(self, k=k, v=v, key_mask=mask, positions=positions)
 
 
 @dataclasses.dataclass
@@ -126,6 +128,12 @@ class Attention(nn.Module):
 
     def __init__(self, ctx: LayerContext, cfg: AttentionConfig) -> None:
         super().__init__()
+        if cfg.n_heads != ctx.n_heads or cfg.d_head not in (None, ctx.d_head):
+            raise ValueError(
+                f"AttentionConfig(n_heads={cfg.n_heads}, d_head={cfg.d_head}) disagrees with "
+                f"LayerContext(n_heads={ctx.n_heads}, d_head={ctx.d_head}); build the context "
+                "from the config's sizes"
+            )
         self.ctx = ctx
         self.projections = PROJECTIONS.build(cfg.projections, ctx=ctx)
         self.positions = POSITIONS.build(cfg.positions, ctx=ctx)
@@ -139,6 +147,34 @@ class Attention(nn.Module):
             )
         if not x.is_floating_point():
             raise TypeError(f"attention input must be a floating-point tensor, got {x.dtype}")
+        weight = next(self.projections.parameters(), None)
+        if (weight is not None and x.dtype != weight.dtype
+                and not torch.is_autocast_enabled(x.device.type)):
+            raise TypeError(
+                f"attention input is {x.dtype} but the layer's weights are {weight.dtype}; "
+                f"convert one of them (x.to({weight.dtype}) or layer.to({x.dtype})), or run "
+                "under torch.autocast"
+            )
+
+    def _check_cache(self, cache: LayerCache, projected: Projected) -> None:
+        """A cache must come from this layer, for the same batch, heads, sizes and device."""
+        if cache.layer_idx is not None and cache.layer_idx != self.ctx.layer_idx:
+            raise ValueError(
+                f"the cache was made by layer {cache.layer_idx}, not by this layer "
+                f"({self.ctx.layer_idx}); pass each layer its own cache"
+            )
+        for name, new in (("k", projected.k), ("v", projected.v)):
+            old = getattr(cache, name)
+            if old.dim() != 4 or old.shape[:2] != new.shape[:2] or old.shape[3] != new.shape[3]:
+                raise ValueError(
+                    f"cache.{name} is {tuple(old.shape)}, but this layer and batch need "
+                    f"[{new.shape[0]}, {new.shape[1]}, cached tokens, {new.shape[3]}]"
+                )
+            if old.device != new.device or old.dtype != new.dtype:
+                raise TypeError(
+                    f"cache.{name} is {old.dtype} on {old.device}, but this layer computes "
+                    f"{new.dtype} on {new.device}"
+                )
 
     @staticmethod
     def _key_mask(
@@ -182,6 +218,7 @@ class Attention(nn.Module):
         new_positions = torch.arange(t_new, device=x.device)
         k_positions = new_positions
         if cache is not None:
+            self._check_cache(cache, projected)
             k, v = torch.cat((cache.k, k), dim=-2), torch.cat((cache.v, v), dim=-2)
             new_positions = new_positions + cache.next_position
             k_positions = torch.cat((cache.key_positions().to(x.device), new_positions))
@@ -199,7 +236,8 @@ class Attention(nn.Module):
         new_cache = None
         if use_cache:
             gaps = cache is not None and cache.positions is not None
-            new_cache = LayerCache(k, v, mask, core_out.state, k_positions if gaps else None)
+            new_cache = LayerCache(k, v, mask, core_out.state, k_positions if gaps else None,
+                                   self.ctx.layer_idx)
             kept = self.core.cache_columns(mask, k.shape[-2])
             if kept is not None:
                 new_cache = new_cache.selected(kept)

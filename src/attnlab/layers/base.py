@@ -54,16 +54,42 @@ class CoreOutput:
 
 @dataclasses.dataclass(frozen=True)
 class LayerContext:
-    """Shape facts every part is built from."""
+    """Shape facts every part is built from.
+
+    Only ``d_model`` and ``n_heads`` are required: ``d_head`` defaults to
+    ``d_model // n_heads`` (which must then divide), the layer is causal, position tables
+    hold ``max_seq_len`` rows, and the layer is the first (``layer_idx=0``) of one layer
+    with the standard initialisation scale.
+    """
 
     d_model: int
     n_heads: int
-    d_head: int
-    causal: bool
-    max_seq_len: int
-    layer_idx: int
-    n_layers: int
-    init_scale: float
+    d_head: int | None = None
+    causal: bool = True
+    max_seq_len: int = 2048
+    layer_idx: int = 0
+    n_layers: int = 1
+    init_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "max_seq_len", "n_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LayerContext.{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_head is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(
+                    f"LayerContext: d_model={self.d_model} is not divisible by "
+                    f"n_heads={self.n_heads}; pass d_head explicitly"
+                )
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        if self.d_head < 1:
+            raise ValueError(f"LayerContext.d_head must be >= 1, got {self.d_head}")
+        if not 0 <= self.layer_idx < self.n_layers:
+            raise ValueError(
+                f"LayerContext.layer_idx={self.layer_idx} is not in [0, n_layers={self.n_layers})"
+            )
+        if self.init_scale <= 0:
+            raise ValueError(f"LayerContext.init_scale must be > 0, got {self.init_scale}")
 
 
 def init_linear_(weight: Tensor, fan_in: int, scale: float) -> None:

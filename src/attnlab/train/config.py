@@ -97,6 +97,12 @@ def load_run_config(
 ) -> RunConfig:
     """RunConfig from a YAML file (or ``base`` dict), then ``key.path=value`` overrides."""
     data = load_yaml(path) if path is not None else dict(base or {})
+    if "distill" in data:
+        raise ConfigError(
+            f"{path or 'the config'} is a distillation config (it has a 'distill' section); "
+            "run it with `attnlab distill --config`, or give a training config "
+            "(sections: data, model, train)"
+        )
     for assignment in overrides:
         apply_override(data, assignment)
     return from_dict(RunConfig, data)

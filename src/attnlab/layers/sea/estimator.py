@@ -92,13 +92,24 @@ class SEAEstimator(nn.Module):
 
     def position_code(self, ranks: Tensor, n_real: Tensor) -> Tensor:
         """``[B or 1, 1, T, d]`` for keys of ``ranks`` ``[B or 1, T]`` (each key's rank among
-        the real keys, so left padding shifts nothing): the learned table (causal; ranks past
-        its end reuse its last row) or the relative soft one-hot of the rank among ``n_real``
+        the real keys, so left padding shifts nothing): the learned table (causal; a rank
+        past its end is an error) or the relative soft one-hot of the rank among ``n_real``
         ``[B or 1]`` real keys (bidirectional)."""
         if self.causal:
-            return self.position_table[ranks.clamp_max(self.position_table.shape[0] - 1)][:, None]
+            return self.position_table[ranks][:, None]
         d = self.encoder[0].in_features // 3
         return relative_position_code(ranks, n_real, d).unsqueeze(1)
+
+    def _check_ranks(self, ranks: Tensor, n_keys: int) -> None:
+        """A rank past the learned table is an error; ranks are below ``n_keys``, so only
+        contexts longer than the table pay for the (synchronising) check."""
+        rows = self.position_table.shape[0] if self.causal else n_keys
+        if n_keys > rows and int(ranks.max()) >= rows:
+            raise ValueError(
+                f"SEA's learned position table has max_seq_len={rows} rows, but a key is at "
+                f"position {int(ranks.max())}; build the layer with a larger max_seq_len "
+                "(attnlab long-context stretches a distilled table for you)"
+            )
 
     def _row_features(self, perf: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Encoder, scalers and decoder for rows ``perf [B, H, R, 2d]``, ``v [B, H, R, d]``:
@@ -145,6 +156,7 @@ class SEAEstimator(nn.Module):
         """
         b, h, t_q, _ = q.shape
         t_k = k.shape[-2]
+        self._check_ranks(key_ranks, t_k)
         first = t_k - t_q if state is not None else 0  # the keys the Performer reads
         code = self.position_code(key_ranks, n_real).to(v.dtype)
         v_aug = torch.cat((code.expand(b, v.shape[1], t_k - first, -1), v[..., first:, :]), -1)
