@@ -112,5 +112,10 @@ def test_text_errors(tmp_path):
         load_corpus(DataConfig(corpus="text", path=str(latin1), cache_dir=str(tmp_path)))
     blank = tmp_path / "blank.txt"
     blank.write_text("")
-    with pytest.raises(ValueError, match=r"blank.txt \(0 bytes\) is too short to cut"):
+    with pytest.raises(ValueError, match=r"blank.txt \(0 bytes\) is too short to cut.*add text$"):
         load_corpus(DataConfig(corpus="text", path=str(blank), cache_dir=str(tmp_path)))
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("a")  # train gets the byte, valid and test nothing
+    with pytest.raises(ValueError, match=r"\(1 bytes\) is too short to cut to fill split\(s\) "
+                                         r"\['valid', 'test'\]"):
+        load_corpus(DataConfig(corpus="text", path=str(tiny), cache_dir=str(tmp_path)))

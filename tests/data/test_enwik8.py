@@ -3,8 +3,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from attnlab.data import BPETokenizer, DataConfig, load_corpus, train_bpe
-from attnlab.data import enwik8
+from attnlab.data import BPETokenizer, DataConfig, enwik8, load_corpus, train_bpe
 from attnlab.data.enwik8 import split_bounds
 
 DATA = bytes(np.random.default_rng(0).integers(0, 256, 2000, dtype=np.uint8))

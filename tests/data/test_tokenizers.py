@@ -73,3 +73,9 @@ def test_load_tokenizer_errors(tmp_path):
     (tmp_path / "tokenizer.json").write_text('{"type": "sentencepiece"}')
     with pytest.raises(ValueError, match="neither"):
         load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_bytes(bytes(range(128, 256)))  # binary garbage
+    with pytest.raises(ValueError, match=r"tokenizer.json: not JSON \('utf-8' codec"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": 3}}')
+    with pytest.raises(ValueError, match="tokenizer.json: a damaged BPE model"):
+        load_tokenizer(tmp_path)

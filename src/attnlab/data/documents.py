@@ -88,15 +88,16 @@ class DocumentSource(CorpusSource):
             self._plan = self._assign_groups(documents, valid_fraction, test_fraction)
         empty = [split for split in SPLITS if not self._plan[split]]
         if empty:
+            single = len(documents) == 1
             problem = (
                 f"{origin} ({documents[0].size} bytes) is too short to cut"
-                if len(documents) == 1
+                if single
                 else f"{len(documents)} documents in {origin} are too few"
             )
             raise ValueError(
                 f"corpus {name!r}: {problem} to fill split(s) {empty} with "
-                f"valid_fraction={valid_fraction}, test_fraction={test_fraction}; add text, or "
-                "give a single file (cut contiguously)"
+                f"valid_fraction={valid_fraction}, test_fraction={test_fraction}; add text"
+                + ("" if single else ", or give a single file (cut contiguously)")
             )
 
     def _assign_groups(

@@ -157,16 +157,19 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     path = Path(directory) / TOKENIZER_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no {TOKENIZER_FILE} in {directory} (written by Tokenizer.save)")
-    text = path.read_text(encoding="utf-8")
     try:
+        text = path.read_bytes().decode("utf-8")
         spec = json.loads(text)
-    except ValueError as err:
+    except ValueError as err:  # UnicodeDecodeError is one
         raise ValueError(f"{path}: not JSON ({err})") from err
     if isinstance(spec, dict) and spec.get("type") == "byte":
         return ByteTokenizer()
     model = spec.get("model") if isinstance(spec, dict) else None
     if isinstance(model, dict) and model.get("type") == "BPE":
-        return BPETokenizer(tokenizers.Tokenizer.from_str(text))
+        try:
+            return BPETokenizer(tokenizers.Tokenizer.from_str(text))
+        except Exception as err:  # the Rust library raises a bare Exception
+            raise ValueError(f"{path}: a damaged BPE model ({err})") from err
     raise ValueError(
         f"{path}: neither {{'type': 'byte'}} nor a tokenizers BPE model; "
         "expected a file written by Tokenizer.save"

@@ -1,0 +1,80 @@
+"""The ``attnlab`` command line: train, distill, eval, long-context, generate, macs, bench,
+report, demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import traceback
+from collections.abc import Sequence
+
+from attnlab.cli.args import MIN_REPS
+from attnlab.cli.parser import build_parser
+from attnlab.config import ConfigError
+
+__all__ = ["MIN_REPS", "build_parser", "main"]
+
+
+def _check_before_work(args: argparse.Namespace) -> None:
+    """``ConfigError`` for a device this machine lacks or an output it cannot write, before
+    any work starts (train and distill check their ``--out`` themselves)."""
+    from attnlab.utils.device import resolve_device
+    from attnlab.utils.io import unwritable_reason
+
+    if getattr(args, "device", None) not in (None, "auto"):
+        resolve_device(args.device)
+    outputs = {"--json": (getattr(args, "json", None), False),
+               "--plot": (getattr(args, "plot", None), False)}
+    if args.command in ("report", "demo"):
+        outputs["--out"] = (args.out, True)
+    for option, (path, folder) in outputs.items():
+        if isinstance(path, str) and (reason := unwritable_reason(path, folder=folder)):
+            raise ConfigError(f"{option} {path}: cannot write there: {reason}")
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that report a user's mistake (or a stop the user can act on): one
+    ``error:`` line, exit status 2. Anything else is a bug and keeps its traceback."""
+    from attnlab.train import CheckpointError, RankFailure, RunDirError, TrainingDiverged
+
+    return (ValueError, OSError, ImportError, RunDirError, CheckpointError, TrainingDiverged,
+            RankFailure)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from attnlab.train.distributed import is_main_process
+
+    level = logging.INFO if is_main_process() else logging.WARNING  # torchrun: rank 0 informs
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+    )
+    if getattr(args, "bench", None) or args.command == "demo":  # benchmarks: on the tuned heap
+        from attnlab.utils.allocator import tune_cpu_allocator
+
+        tune_cpu_allocator()
+    from attnlab.demo.parallel import RunFailed
+    from attnlab.train import RunInterrupted
+
+    try:
+        _check_before_work(args)
+        return args.func(args)
+    except RunInterrupted as err:  # Ctrl-C / SIGTERM in train or distill: saved, resumable
+        return _stop(args, f"{err}; continue with: attnlab {args.command} --out {err.folder} "
+                           "--resume", err.exit_code)
+    except KeyboardInterrupt:
+        return _stop(args, "interrupted", 130)
+    except RunFailed as err:  # a training process of the demo: its error and log
+        return _stop(args, f"error: {err}", 1)
+    except _user_errors() as err:
+        return _stop(args, f"error: {str(err).strip() or type(err).__name__}", 2)
+
+
+def _stop(args: argparse.Namespace, message: str, code: int) -> int:
+    """Print ``message`` (after the traceback with ``-v``) and return the exit status."""
+    if args.verbose:
+        traceback.print_exc()
+    print(message, file=sys.stderr)
+    return code

@@ -1,0 +1,68 @@
+"""Argument types of the command line: checked numbers and lists, config names, YAML cores.
+
+Each raises ``argparse.ArgumentTypeError`` (or ``ValueError``), so a bad value is refused by
+argparse before any work starts."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from attnlab.config import builtin_config
+
+
+def resolve_config_path(value: str) -> Path:
+    path = Path(value)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return path
+    return builtin_config(value)
+
+
+def number(kind: type, low: float | None = None, *, above: float | None = None):
+    """An argparse type: a ``kind`` number ``>= low`` (or ``> above``)."""
+    def parse(value: str) -> int | float:
+        try:
+            number = kind(value)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if kind is int else 'a number'}, got {value!r}") from err
+        if low is not None and number < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        if above is not None and not number > above:
+            raise argparse.ArgumentTypeError(f"must be greater than {above}, got {value}")
+        return number
+
+    return parse
+
+
+def at_least(low: int):
+    """An argparse type: an integer ``>= low``."""
+    return number(int, low)
+
+
+MIN_REPS = 5  # attnlab.bench.common.MIN_REPS, spelled out: that module imports torch
+
+
+def csv_list(kind: type, low: float | None = None):
+    """An argparse type: a comma-separated list of ``kind`` values (each ``>= low`` when
+    given)."""
+    item = number(kind, low) if kind in (int, float) else kind
+
+    def parse(value: str) -> list:
+        try:
+            return [item(v.strip()) for v in value.split(",") if v.strip()]
+        except (ValueError, argparse.ArgumentTypeError) as err:
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of {kind.__name__} values: {err}") from err
+
+    return parse
+
+
+def yaml_core(text: str) -> object:
+    """A ``--core`` value: a name or a YAML mapping; ``ValueError`` for invalid YAML."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"--core {text!r} is not valid YAML: {err}") from err
