@@ -7,8 +7,10 @@ typo in a YAML file or a ``--set`` override fails loudly instead of being ignore
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -119,14 +121,17 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return int(value)
         raise ConfigError(f"{where}: expected an integer, got {value!r}")
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML reads 1e-3 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
+            number = float(value)
+        elif isinstance(value, str):  # YAML reads 1e-3 (no dot) as a string
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        if number is None:
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if not math.isfinite(number):
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -142,9 +147,9 @@ def from_dict(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
         if key not in fields:
+            valid = f"valid keys here: {sorted(fields)}" if fields else "it takes no options"
             raise ConfigError(
-                f"unknown config key '{path}'{closest(str(key), list(fields))}; "
-                f"valid keys here: {sorted(fields)}"
+                f"unknown config key '{path}'{closest(str(key), list(fields))}; {valid}"
             )
         kwargs[key] = _coerce(value, hints[key], path)
     obj = cls(**kwargs)

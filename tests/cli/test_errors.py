@@ -64,6 +64,8 @@ def config(tiny_run_config, tmp_path):
     ("model.attention.core={name: sea, k:", ["not valid YAML", "quote a mapping"]),
     ("train.stesp=3", ["unknown config key", "did you mean 'steps'"]),
     ("model.attention.projections={name: dense, n_kv_heads: 3}", ["n_kv_heads=3"]),
+    ("train.lr=nan", ["train.lr", "finite number"]),
+    ("model.attention.core={name: sdpa, k: 3}", ["core:sdpa.k", "takes no options"]),
 ])
 def test_malformed_overrides(override, words, config, tmp_path, capsys):
     out = tmp_path / "run"
@@ -114,6 +116,9 @@ def test_outputs_that_cannot_be_written(run_dir, config, tmp_path, capsys):
         locked.mkdir(mode=0o500)
         assert_user_error(["train", "--config", config, "--out", locked / "run"], capsys,
                           "not writable")
+    if os.path.isdir("/proc"):  # refuses new files for root as well
+        assert_user_error(["train", "--config", config, "--out", "/proc/attnlab-run"], capsys,
+                          "cannot write the run to /proc/attnlab-run")
 
 
 @pytest.mark.parametrize("argv, words", [

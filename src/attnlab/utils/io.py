@@ -76,4 +76,9 @@ def unwritable_reason(path: str | os.PathLike[str], *, folder: bool = False) -> 
         return f"{existing} is a file, not a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
+    try:  # os.access trusts permission bits; root, /proc or a full disk can still refuse
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        return f"{existing} does not take new files ({err.strerror or err})"
     return None
