@@ -128,6 +128,8 @@ def test_outputs_that_cannot_be_written(run_dir, config, tmp_path, capsys):
     (["eval", "--batch-size", "0"], ["--batch-size", "at least 1"]),
     (["eval", "--seq-len", "-4"], ["--seq-len", "at least 1"]),
     (["eval", "--max-tokens", "x"], ["--max-tokens", "expected an integer"]),
+    (["eval", "--seq-len", "65"], ["--seq-len 65", "max_seq_len 64"]),
+    (["eval", "--set", "data.tokenizer=bpe"], ["run's own tokenizer"]),
     (["bench", "attention", "--reps", "2"], ["--reps", f"at least {MIN_REPS}"]),
     (["bench", "attention", "--heads", "0"], ["--heads", "at least 1"]),
     (["bench", "attention", "--seq-lens", "1024,0"], ["--seq-lens", "at least 1"]),
@@ -147,6 +149,16 @@ def test_min_reps_matches_the_benchmarks():
     from attnlab.bench.common import MIN_REPS as BENCH_MIN_REPS
 
     assert MIN_REPS == BENCH_MIN_REPS
+
+
+def test_resume_cannot_change_the_models_shape(run_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    assert_user_error(["train", "--resume", "--out", run, "--set", "model.d_model=48",
+                       "--set", "train.steps=5", "--quiet"], capsys,
+                      "does not fit the model", "more", "keeps its model's shape")
+    assert (run / "config.yaml").read_text() == (run_dir / "config.yaml").read_text()
+    assert not (run / "config_changes.jsonl").exists()
 
 
 def test_resume_where_there_is_no_run(tmp_path, capsys):

@@ -63,10 +63,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     run = load_run(args.run, args.device)
     data = to_dict(run.cfg.data)
     for assignment in args.set:
-        apply_override(data, assignment.removeprefix("data."))
+        assignment = assignment.removeprefix("data.")
+        if assignment.split("=", 1)[0] in ("tokenizer", "vocab_size"):
+            raise ConfigError(f"--set data.{assignment}: eval encodes text with the run's own "
+                              "tokenizer, which cannot be changed")
+        apply_override(data, assignment)
+    seq_len = args.seq_len or run.cfg.train.seq_len
+    model_cfg = run.cfg.model
+    if seq_len + model_cfg.memory_len > model_cfg.max_seq_len:
+        raise ConfigError(
+            f"--seq-len {seq_len} + model.memory_len {model_cfg.memory_len} exceeds the "
+            f"model's max_seq_len {model_cfg.max_seq_len}"
+        )
     corpus = load_corpus(from_dict(DataConfig, data, "data"), tokenizer=run.tokenizer)
     tokens = getattr(corpus, args.split)
-    seq_len = args.seq_len or run.cfg.train.seq_len
     result = evaluate_lm(run.model, tokens, batch_size=args.batch_size, seq_len=seq_len,
                          max_tokens=args.max_tokens, device=args.device,
                          progress=not args.quiet)

@@ -224,9 +224,14 @@ def _load_safetensors(file: Path, model: nn.Module, map_location: str | torch.de
     except (SafetensorError, OSError) as err:
         raise CheckpointError(f"{file} is corrupt: {err}. "
                               f"{_older_checkpoint_hint(file.parent)}") from err
-    except RuntimeError as err:  # shape mismatch
+    except RuntimeError as err:  # shape mismatches, one line each
+        lines = [line.strip() for line in str(err).splitlines() if "mismatch" in line]
+        first = lines[0] if lines else str(err).strip()
+        more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
         raise CheckpointError(
-            f"checkpoint {file.parent} does not match the model (different config?): {err}"
+            f"checkpoint {file.parent} does not fit the model this config builds: {first}{more}; "
+            "a resumed run keeps its model's shape (undo the model.* override, or start a "
+            "new run)"
         ) from err
     if missing or unexpected:
         raise CheckpointError(
