@@ -89,7 +89,7 @@ def test_corrupt_and_mismatched_checkpoints_give_clear_errors(tiny_run_config, t
     out = tmp_path / "run"
     train(load_run_config(base=tiny_run_config(steps=5)), out, progress=False)
     wider = load_run_config(out / "config.yaml", ["model.d_model=64"])
-    with pytest.raises(CheckpointError, match="does not match the model"):
+    with pytest.raises(CheckpointError, match="does not fit the model this config builds"):
         load_checkpoint(out, DecoderLM(wider.model))
     (latest_checkpoint(out) / "model.safetensors").write_bytes(b"garbage")
     model = DecoderLM(load_run_config(out / "config.yaml").model)

@@ -26,6 +26,13 @@ def _add_model_args(p: argparse.ArgumentParser, required: bool) -> None:
                    help="a GGUF file in --model to load, e.g. SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
+def _add_run_folder_args(p: argparse.ArgumentParser, out_help: str) -> None:
+    """``--out``, ``--resume`` and ``--quiet`` of the commands that write a run folder."""
+    p.add_argument("--out", required=True, help=out_help)
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnlab", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
@@ -36,9 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML file, or a built-in name such as 'tiny'")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set train.lr=3e-4 (repeatable)")
-    p.add_argument("--out", required=True, help="run folder to create (or resume)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_run_folder_args(p, "run folder to create (or resume)")
     p.set_defaults(func=commands.cmd_train)
 
     p = sub.add_parser("distill", help="distil a teacher into an efficient-attention student")
@@ -53,9 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="YAML with distill: and data: sections")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override, e.g. steps=200 (= distill.steps) or data.corpus=wiki")
-    p.add_argument("--out", required=True, help="the student's run folder")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_run_folder_args(p, "the student's run folder")
     p.set_defaults(func=commands.cmd_distill)
 
     p = sub.add_parser("eval", help="evaluate a trained run on held-out text")

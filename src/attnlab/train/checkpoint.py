@@ -235,8 +235,8 @@ def _load_safetensors(file: Path, model: nn.Module, map_location: str | torch.de
         ) from err
     if missing or unexpected:
         raise CheckpointError(
-            f"checkpoint {file.parent} does not match the model: missing {sorted(missing)[:5]}, "
-            f"unexpected {sorted(unexpected)[:5]}"
+            f"checkpoint {file.parent} does not fit the model this config builds: missing "
+            f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
         )
 
 
