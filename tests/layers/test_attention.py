@@ -3,7 +3,7 @@ import torch
 
 from attnlab.config import ConfigError
 from attnlab.layers import CORES, Attention, AttentionConfig, CoreOutput, LayerContext
-from attnlab.layers.cores import SoftmaxCore
+from attnlab.layers.cores import DenseCore, ScoreOptions
 from attnlab.ops.attention import softmax_attention
 
 POSITIONS = ["none", "learned", "rope", "xl"]
@@ -100,7 +100,7 @@ def test_xl_relative_scores_depend_only_on_distance():
     q = q[:, :, :1].expand(1, 4, 3, 8)  # the same query at three positions
     k = torch.zeros(1, 4, 5, 8, dtype=torch.float64)
     bias = layer.positions.score_bias(q, k, torch.arange(2, 5), torch.arange(5), scale=1.0,
-                                     qk_prescale=1.0)
+                                     qk_prescale=1.0).dense()
     # query i sits at position 2+i; pairs with equal distance share the same bias
     assert torch.allclose(bias[..., 0, 0], bias[..., 1, 1])
     assert torch.allclose(bias[..., 1, 0], bias[..., 2, 1])
@@ -144,10 +144,10 @@ def core_without_score_bias():
     @CORES.register("test-no-bias")
     def _factory(ctx, options, dropout):
         """A core that cannot take a score bias."""
-        return SoftmaxCore(ctx, dropout, softmax_attention)
+        return DenseCore(ctx, ScoreOptions(), dropout, softmax_attention)
 
     yield "test-no-bias"
-    del CORES._entries["test-no-bias"]
+    CORES.unregister("test-no-bias")
 
 
 def test_incompatible_combination_is_rejected(core_without_score_bias):

@@ -168,9 +168,6 @@ def test_feature_count_and_kernel_resolution():
 def test_score_bias_is_rejected():
     with pytest.raises(ConfigError, match="positions 'xl' adds a score bias.*performer"):
         AttentionConfig(core="performer", positions="xl")
-    q = torch.randn(1, 4, 3, 8, dtype=F64)
-    with pytest.raises(ValueError, match="cannot add a score bias"):
-        make_core()(q, q, q, scale=1.0, score_bias=torch.zeros(1, 4, 3, 3, dtype=F64))
 
 
 @pytest.mark.parametrize(("options", "match"), [

@@ -313,8 +313,6 @@ def test_switchhead_projections_with_the_sea_core():
 def test_score_bias_and_bad_options_are_rejected():
     core = make_core()
     q, k, v = qkv(b=1, t=5)
-    with pytest.raises(ValueError, match="score bias"):
-        core(q, k, v, scale=0.3, score_bias=torch.zeros(1, 1, 5, 5, dtype=F64))
     with pytest.raises(ValueError, match="value width"):
         core(q, k, v[..., :4], scale=0.3)
     with pytest.raises(ValueError, match="cannot take"):

@@ -211,7 +211,7 @@ def test_xl_position_keys_get_the_qk_prescale():
     x = torch.randn(1, 6, D_MODEL, dtype=torch.float64)
     p = layer.projections.project(x)
     bias = layer.positions.score_bias(p.q, p.k, torch.arange(6), torch.arange(6), 1.0, 1.0)
-    bias = bias * layer.projections.qk_prescale
+    bias = bias.dense() * layer.projections.qk_prescale
     scores = p.q @ p.k.transpose(-1, -2) + bias
     scores = scores.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
     o = torch.softmax(scores, -1) @ p.v

@@ -80,10 +80,21 @@ def test_bad_options_are_rejected(options, match):
         make_layer(**options)
 
 
-def test_bidirectional_and_score_bias_are_refused():
+def test_bidirectional_is_refused():
     with pytest.raises(ValueError, match="causal"):
         make_layer(causal=False)
-    layer = make_layer()
-    q = torch.randn(1, 4, 5, 8, dtype=F64)
-    with pytest.raises(ValueError, match="score bias"):
-        layer.core(q, q, q, scale=0.3, score_bias=torch.zeros(1, 1, 5, 5, dtype=F64))
+
+
+def test_a_score_bias_equals_the_dense_reference():
+    """XL relative positions through the window core: the bias is evaluated per query
+    block and equals the eager core under the same sink + window mask."""
+    layer = make_layer(positions="xl")
+    x = torch.randn(2, 600, 32, dtype=F64)  # 3 query blocks
+    q, k, v = (t.transpose(1, 2) for t in (x.view(2, 600, 4, 8),) * 3)
+    bias = layer.positions.score_bias(q, k, torch.arange(600), torch.arange(600), 0.3, 1.0)
+    from attnlab.ops.attention.window import window_attention, window_attention_naive
+
+    fast = window_attention(q, k, v, scale=0.3, sinks=2, window=5, score_bias=bias.at)
+    slow = window_attention_naive(q, k, v, scale=0.3, sinks=2, window=5,
+                                  score_bias=bias.dense())
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from attnlab.ops.attention import softmax_attention
+from attnlab.layers.cores import DenseCore
 
 
 def model_cores(model: nn.Module) -> list[nn.Module]:
@@ -73,12 +73,13 @@ class LayerRecorder:
         if self._current is None:
             return
         self._on_core(module, args, kwargs, output)
+        if not isinstance(module, DenseCore):
+            raise ValueError(f"a teacher's attention weights come from a dense core (sdpa or "
+                             f"eager); this teacher has {type(module).__name__}")
         q, k, v = args
-        _, weights = softmax_attention(
-            q, k, v, scale=kwargs["scale"], causal=module.causal,
-            key_padding_mask=kwargs.get("key_padding_mask"), score_bias=kwargs.get("score_bias"),
-            return_weights=True,
-        )
+        weights = module.attention_weights(
+            q, k, v, scale=kwargs["scale"], key_padding_mask=kwargs.get("key_padding_mask"),
+            score_bias=kwargs.get("score_bias"))
         self._current.probs.append(weights.detach())
 
     @contextlib.contextmanager

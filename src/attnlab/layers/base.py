@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnlab.layers.bias import ScoreBias
+
 Aux = dict[str, Tensor]
 
 
@@ -132,16 +134,20 @@ class Positions(nn.Module):
     def score_bias(
         self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor, scale: float,
         qk_prescale: float,
-    ) -> Tensor | None:
-        """Additive score bias broadcastable to ``[B, H, Tq, Tk]``, already scaled."""
+    ) -> ScoreBias | None:
+        """The additive score bias over the ``[B, H, Tq, Tk]`` pairs, with ``scale`` (the
+        factor of ``q k^T``) folded in where the bias is a product with q; None for none.
+        Schemes that return one are registered with the ``score_bias`` trait."""
         return None
 
 
 class AttentionCore(nn.Module):
     """q ``[B, H, Tq, D]``, k ``[B, Hk, Tk, D]``, v ``[B, Hk, Tk, Dv]`` -> ``CoreOutput``.
 
-    ``key_padding_mask`` is ``[B, Tk]`` bool with True = real key. ``state`` is this core's
-    decoding state from the previous call (None on the first call).
+    ``key_padding_mask`` is ``[B, Tk]`` bool with True = real key. ``score_bias`` (a
+    :class:`~attnlab.layers.bias.ScoreBias`) reaches only cores registered with the
+    ``score_bias`` trait; the registry refuses other combinations at config time. ``state``
+    is this core's decoding state from the previous call (None on the first call).
     """
 
     def forward(
@@ -152,7 +158,7 @@ class AttentionCore(nn.Module):
         *,
         scale: float,
         key_padding_mask: Tensor | None = None,
-        score_bias: Tensor | None = None,
+        score_bias: ScoreBias | None = None,
         state: Any = None,
     ) -> CoreOutput:
         raise NotImplementedError

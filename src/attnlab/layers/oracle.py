@@ -18,6 +18,7 @@ from typing import Any
 from torch import Tensor
 
 from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
+from attnlab.layers.bias import ScoreBias
 from attnlab.layers.registry import CORES
 from attnlab.ops.attention.oracle import check_oracle, oracle_attention
 
@@ -51,7 +52,7 @@ class OracleCore(AttentionCore):
         *,
         scale: float,
         key_padding_mask: Tensor | None = None,
-        score_bias: Tensor | None = None,
+        score_bias: ScoreBias | None = None,
         state: Any = None,
     ) -> CoreOutput:
         """q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k, v ``[B, Hk, Tk, D]`` ->
@@ -59,7 +60,8 @@ class OracleCore(AttentionCore):
         return CoreOutput(oracle_attention(q, k, v, scale=scale, budget=self.k,
                                            group=self.group, causal=self.causal,
                                            key_padding_mask=key_padding_mask,
-                                           score_bias=score_bias))
+                                           score_bias=None if score_bias is None
+                                           else score_bias.dense()))
 
 
 @CORES.register("oracle", OracleOptions, score_bias=True)

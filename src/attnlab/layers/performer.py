@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
+from attnlab.layers.bias import ScoreBias
 from attnlab.layers.registry import CORES
 from attnlab.ops.performer import PerformerState, orthogonal_gaussian, performer_attention
 
@@ -138,19 +139,14 @@ class PerformerCore(AttentionCore):
         *,
         scale: float,
         key_padding_mask: Tensor | None = None,
-        score_bias: Tensor | None = None,
+        score_bias: ScoreBias | None = None,
         state: PerformerCoreState | None = None,
     ) -> CoreOutput:
         """q ``[B, H, Tq, D]``, k ``[B, Hk, Tk, D]``, v ``[B, Hk, Tk, Dv]`` -> ``[B, H, Tq, Dv]``.
 
         Queries are the last ``Tq`` of the ``Tk`` key positions. ``key_padding_mask`` ``[B, Tk]``
-        bool, True = real key. ``score_bias`` is not supported (no score matrix is formed).
+        bool, True = real key. It takes no ``score_bias`` (no score matrix is formed).
         """
-        if score_bias is not None:
-            raise ValueError(
-                "the performer core forms no score matrix, so it cannot add a score bias "
-                "(e.g. positions 'xl'); use positions 'rope', 'learned' or 'none'"
-            )
         if self.training:
             self._count_training_call()
         if not self.causal:

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.layers.base import LayerContext, Positions, init_linear_
+from attnlab.layers.bias import ScoreBias
 from attnlab.layers.registry import POSITIONS, NoOptions
 
 
@@ -128,8 +129,8 @@ class XLRelativePositions(Positions):
     def score_bias(
         self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor, scale: float,
         qk_prescale: float,
-    ) -> Tensor:
-        t_q, t_k = q.shape[-2], k.shape[-2]
+    ) -> ScoreBias:
+        b, h, t_q, _ = q.shape
         rel = q_positions[:, None] - k_positions[None, :]  # [Tq, Tk]
         lo = 0 if self.causal else int(rel.min())  # smallest distance a visible pair can have
         distances = torch.arange(lo, max(int(rel.max()), 0) + 1, device=q.device)
@@ -137,13 +138,19 @@ class XLRelativePositions(Positions):
         r = self.pos_proj(sinusoid(distances, self.d_model, wide).to(q.dtype)) * qk_prescale
         r = r.view(-1, self.n_heads, self.d_head).transpose(0, 1)  # [H, n_dist, D]
         q_r = q if self.v_bias is None else q + self.v_bias[None, :, None, :]
-        by_distance = torch.einsum("bhid,hnd->bhin", q_r, r)  # [B, H, Tq, n_dist]
-        index = (rel - lo).clamp(0, distances.numel() - 1)  # masked pairs may clamp
-        bias = by_distance.gather(-1, index.expand(*by_distance.shape[:2], t_q, t_k))
+        by_distance = torch.einsum("bhid,hnd->bhin", q_r, r) * scale  # [B, H, Tq, n_dist]
+        last = distances.numel() - 1
+        content = None
         if self.u_bias is not None:
             kk = k.repeat_interleave(self.n_heads // k.shape[1], dim=1)
-            bias = bias + torch.einsum("hd,bhjd->bhj", self.u_bias, kk)[:, :, None]
-        return bias * scale
+            content = torch.einsum("hd,bhjd->bhj", self.u_bias, kk) * scale  # [B, H, Tk]
+
+        def bias(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            distance = (q_positions[i] - k_positions[j] - lo).clamp(0, last)  # masked may clamp
+            out = by_distance[b, h, i, distance]
+            return out if content is None else out + content[b, h, j]
+
+        return ScoreBias(bias, b, h, t_q, k.shape[-2], q.device)
 
 
 @POSITIONS.register("xl", XLOptions, score_bias=True)

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
+from attnlab.layers.bias import ScoreBias
 from attnlab.layers.registry import CORES
 from attnlab.ops.lsh_attention import default_n_buckets, draw_rotations, lsh_attention
 
@@ -121,20 +122,15 @@ class ReformerCore(AttentionCore):
         *,
         scale: float,
         key_padding_mask: Tensor | None = None,
-        score_bias: Tensor | None = None,
+        score_bias: ScoreBias | None = None,
         state: ReformerState | None = None,
     ) -> CoreOutput:
         """q ``[B, H, Tq, D]``, v ``[B, Hk, Tk, Dv]`` -> ``[B, H, Tq, Dv]``; ``k`` is ignored
         (shared QK, see the module docstring).
 
         Queries are the last ``Tq`` of the ``Tk`` positions. ``key_padding_mask`` ``[B, Tk]``
-        bool, True = real key. ``score_bias`` is not supported.
+        bool, True = real key. It takes no ``score_bias``.
         """
-        if score_bias is not None:
-            raise ValueError(
-                "the reformer core scores only hashed pairs, so it cannot add a score bias "
-                "(e.g. positions 'xl'); use positions 'rope', 'learned' or 'none'"
-            )
         keys = self._shared_keys(q, k.shape[-2] - q.shape[-2], state)
         out = lsh_attention(
             q, keys, v, n_hashes=self.n_hashes, bucket_size=self.bucket_size,

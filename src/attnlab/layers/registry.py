@@ -50,6 +50,11 @@ class Registry(Generic[P]):
 
         return decorator
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (e.g. to register a new version of your own part)."""
+        self.get(name)
+        del self._entries[name]
+
     def names(self, **traits: Any) -> list[str]:
         """Registered names, optionally only those whose traits match."""
         return sorted(

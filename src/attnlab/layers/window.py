@@ -22,6 +22,7 @@ from torch import Tensor
 
 from attnlab.config import ConfigError
 from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
+from attnlab.layers.bias import ScoreBias
 from attnlab.layers.registry import CORES
 from attnlab.ops.attention.window import check_window, window_attention, window_cache_columns
 
@@ -58,17 +59,15 @@ class WindowCore(AttentionCore):
         *,
         scale: float,
         key_padding_mask: Tensor | None = None,
-        score_bias: Tensor | None = None,
+        score_bias: ScoreBias | None = None,
         state: Any = None,
     ) -> CoreOutput:
         """q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k, v ``[B, Hk, Tk, D]`` ->
         ``[B, H, Tq, D]``; ``key_padding_mask`` ``[B, Tk]``, True = real key."""
-        if score_bias is not None:
-            raise ValueError("the window core cannot add a score bias (e.g. positions 'xl'); "
-                             "use positions 'rope', 'learned' or 'none'")
-        return CoreOutput(window_attention(q, k, v, scale=scale, sinks=self.sinks,
-                                           window=self.window,
-                                           key_padding_mask=key_padding_mask))
+        return CoreOutput(window_attention(
+            q, k, v, scale=scale, sinks=self.sinks, window=self.window,
+            key_padding_mask=key_padding_mask,
+            score_bias=None if score_bias is None else score_bias.at))
 
 
     def cache_columns(self, key_padding_mask: Tensor | None, n_keys: int) -> Tensor:
@@ -76,7 +75,7 @@ class WindowCore(AttentionCore):
                                     window=self.window)
 
 
-@CORES.register("window", WindowOptions)
+@CORES.register("window", WindowOptions, score_bias=True)
 def _window(ctx: LayerContext, options: WindowOptions, dropout: float) -> WindowCore:
     """Attention sinks + a sliding window (StreamingLLM): a fixed selection of keys."""
     if not ctx.causal:

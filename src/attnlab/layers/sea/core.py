@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
+from attnlab.layers.bias import ScoreBias
 from attnlab.layers.registry import CORES
 from attnlab.layers.sea.decoding import SEAState, key_layout
 from attnlab.layers.sea.estimator import SEAEstimator
@@ -94,19 +95,14 @@ class SEACore(AttentionCore):
         *,
         scale: float,
         key_padding_mask: Tensor | None = None,
-        score_bias: Tensor | None = None,
+        score_bias: ScoreBias | None = None,
         state: SEAState | None = None,
     ) -> CoreOutput:
         """q ``[B, H, Tq, D]``, k ``[B, Hk, Tk, D]``, v ``[B, Hk, Tk, D]`` -> ``[B, H, Tq, D]``.
 
         Queries are the last ``Tq`` of the ``Tk`` key positions; ``key_padding_mask``
-        ``[B, Tk]`` bool, True = real key. ``score_bias`` is not supported.
+        ``[B, Tk]`` bool, True = real key. It takes no ``score_bias``.
         """
-        if score_bias is not None:
-            raise ValueError(
-                "the sea core cannot add a score bias (e.g. positions 'xl'); use positions "
-                "'rope', 'learned' or 'none'"
-            )
         b, _, t_q, d = q.shape
         if v.shape[-1] != d:
             raise ValueError(f"the sea core needs value width == head width, got {v.shape[-1]} "

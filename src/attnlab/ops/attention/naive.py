@@ -1,4 +1,4 @@
-"""Explicit softmax(q k^T) v: the reference every attention path is checked against."""
+"""Explicit activation(q k^T) v: the reference every attention path is checked against."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.ops.attention.activations import attention_weights
 from attnlab.ops.attention.masks import allowed_keys, expand_kv_heads
 
 
@@ -20,6 +21,8 @@ def softmax_attention(
     score_bias: Tensor | None = None,
     dropout_p: float = 0.0,
     return_weights: bool = False,
+    activation: str = "softmax",
+    sigmoid_bias: float = 0.0,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Dense attention with the full ``[B, H, Tq, Tk]`` score matrix formed explicitly.
 
@@ -29,6 +32,8 @@ def softmax_attention(
         causal: bottom-right aligned causal mask (see :func:`allowed_keys`).
         key_padding_mask: ``[B, Tk]`` bool, True = real key.
         score_bias: added to the scaled scores, broadcastable to ``[B, H, Tq, Tk]``.
+        activation, sigmoid_bias: the score activation (:mod:`.activations`; the bias is
+            sigmoid's).
     Returns:
         ``[B, H, Tq, Dv]`` (and the ``[B, H, Tq, Tk]`` weights when ``return_weights``).
         A query with no allowed key outputs zeros.
@@ -42,12 +47,7 @@ def softmax_attention(
         q.shape[-2], k.shape[-2], causal=causal, key_padding_mask=key_padding_mask,
         device=q.device,
     )
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
-    weights = weights.to(q.dtype)
-    if mask is not None:
-        weights = weights.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    weights = attention_weights(scores, mask, activation, sigmoid_bias).to(q.dtype)
     if dropout_p > 0:
         weights = F.dropout(weights, p=dropout_p)
     out = torch.matmul(weights, v)

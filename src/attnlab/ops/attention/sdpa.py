@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.ops.attention.activations import check_activation
 from attnlab.ops.attention.masks import allowed_keys
+from attnlab.ops.attention.naive import softmax_attention
 
 
 def sdpa_attention(
@@ -18,21 +21,35 @@ def sdpa_attention(
     key_padding_mask: Tensor | None = None,
     score_bias: Tensor | None = None,
     dropout_p: float = 0.0,
+    activation: str = "softmax",
+    sigmoid_bias: float = 0.0,
 ) -> Tensor:
     """Same contract as :func:`attnlab.ops.attention.softmax_attention`, through PyTorch SDPA.
 
     Uses ``is_causal=True`` (the memory-efficient kernels) when there is no cache offset, no
-    padding and no bias; otherwise passes an explicit mask or additive bias.
+    padding and no bias; otherwise passes an explicit mask or additive bias. ``softmax1`` is
+    softmax over one extra key whose score and value are 0 (still SDPA); ``sigmoid`` has no
+    SDPA form and runs the explicit reference.
     """
+    check_activation(activation)
+    if activation == "sigmoid":
+        return softmax_attention(
+            q, k, v, scale=scale, causal=causal, key_padding_mask=key_padding_mask,
+            score_bias=score_bias, dropout_p=dropout_p, activation="sigmoid",
+            sigmoid_bias=sigmoid_bias,
+        )
     t_q, t_k = q.shape[-2], k.shape[-2]
     gqa = k.shape[1] != q.shape[1]
-    if score_bias is None and key_padding_mask is None and (not causal or t_q == t_k):
+    if (activation == "softmax" and score_bias is None and key_padding_mask is None
+            and (not causal or t_q == t_k)):
         return F.scaled_dot_product_attention(
             q, k, v, is_causal=causal, scale=scale, dropout_p=dropout_p, enable_gqa=gqa
         )
     mask = allowed_keys(t_q, t_k, causal=causal, key_padding_mask=key_padding_mask, device=q.device)
     empty_rows = None
-    if mask is not None:
+    if activation == "softmax1":
+        k, v, mask, score_bias = _with_null_key(k, v, mask, score_bias)
+    elif mask is not None:
         empty_rows = ~mask.any(-1, keepdim=True)
         mask = mask | empty_rows  # keep SDPA finite; those rows are zeroed below
     if score_bias is not None:
@@ -47,3 +64,17 @@ def sdpa_attention(
     if empty_rows is not None:
         out = out.masked_fill(empty_rows, 0.0)
     return out
+
+
+def _with_null_key(
+    k: Tensor, v: Tensor, mask: Tensor | None, score_bias: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """softmax1 as softmax: a first key with zero key and value (score 0, bias 0) that every
+    query may attend to; a row with no real key then attends only to it and outputs 0."""
+    k = torch.cat((k.new_zeros(*k.shape[:2], 1, k.shape[-1]), k), dim=-2)
+    v = torch.cat((v.new_zeros(*v.shape[:2], 1, v.shape[-1]), v), dim=-2)
+    if mask is not None:
+        mask = torch.cat((mask.new_ones(*mask.shape[:2], mask.shape[2], 1), mask), dim=-1)
+    if score_bias is not None:
+        score_bias = F.pad(score_bias, (1, 0))
+    return k, v, mask, score_bias

@@ -9,6 +9,8 @@ and the keys its window spans (O(T * (sinks + window)) work and memory);
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -37,10 +39,18 @@ def _allowed(ranks: Tensor, counts: Tensor, q_pos: Tensor, k_pos: Tensor, sinks:
     return ok[:, None]
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float) -> Tensor:
+PairBias = Callable[[Tensor, Tensor], Tensor]
+"""``bias(queries [n, 1], keys [1, m]) -> [B or 1, H or 1, n, m]``: an additive score bias at
+query indices (``0..Tq-1``) and key indices (``0..Tk-1``), e.g. ``ScoreBias.at``."""
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float,
+            bias: Tensor | None = None) -> Tensor:
     """Exact masked softmax attention; a row with no allowed key outputs 0."""
     h = q.shape[1]
     scores = (q @ expand_kv_heads(k, h).transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias
     scores = scores.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
     return probs @ expand_kv_heads(v, h)
@@ -98,12 +108,13 @@ def window_cache_columns(
 
 def window_attention(
     q: Tensor, k: Tensor, v: Tensor, *, scale: float, sinks: int, window: int,
-    key_padding_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None, score_bias: PairBias | None = None,
 ) -> Tensor:
     """Causal sink + sliding-window attention.
 
     q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k, v ``[B, Hk, Tk, D]`` (``Hk``
     divides ``H``), key_padding_mask ``[B, Tk]`` (True = real key) -> ``[B, H, Tq, Dv]``.
+    ``score_bias`` (:data:`PairBias`) is evaluated only at the pairs of each query block.
     """
     check_window(sinks, window)
     b, t_q, t_k = q.shape[0], q.shape[-2], k.shape[-2]
@@ -123,19 +134,23 @@ def window_attention(
             k_pos = torch.cat((torch.arange(0, sink_end, device=q.device), k_pos))
         q_pos = torch.arange(first_q, hi, device=q.device)
         allowed = _allowed(ranks, counts, q_pos, k_pos, sinks, window)
+        bias = None
+        if score_bias is not None:
+            bias = score_bias(torch.arange(start, stop, device=q.device)[:, None], k_pos[None])
         out.append(_attend(q[..., start:stop, :], k[..., k_pos, :], v[..., k_pos, :], allowed,
-                           scale))
+                           scale, bias))
     return torch.cat(out, dim=-2)
 
 
 def window_attention_naive(
     q: Tensor, k: Tensor, v: Tensor, *, scale: float, sinks: int, window: int,
-    key_padding_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None, score_bias: Tensor | None = None,
 ) -> Tensor:
-    """Reference of :func:`window_attention`: the dense ``[B, 1, Tq, Tk]`` mask."""
+    """Reference of :func:`window_attention`: the dense ``[B, 1, Tq, Tk]`` mask (and a dense
+    ``score_bias`` broadcastable to ``[B, H, Tq, Tk]``)."""
     check_window(sinks, window)
     b, t_q, t_k = q.shape[0], q.shape[-2], k.shape[-2]
     ranks = _ranks(key_padding_mask, b, t_k, q.device)
     allowed = _allowed(ranks, _counts(ranks), torch.arange(t_k - t_q, t_k, device=q.device),
                        torch.arange(t_k, device=q.device), sinks, window)
-    return _attend(q, k, v, allowed, scale)
+    return _attend(q, k, v, allowed, scale, score_bias)
