@@ -49,6 +49,14 @@ class AttentionConfig:
             raise ConfigError(
                 f"positions '{self.positions.name}' adds a score bias, which core "
                 f"'{self.core.name}' cannot take; cores that can: {CORES.names(score_bias=True)}"
+                f"; position schemes core '{self.core.name}' can take: "
+                f"{POSITIONS.names(score_bias=False)}"
+            )
+        if self.dropout and not CORES.trait(self.core.name, "dropout"):
+            raise ConfigError(
+                f"core '{self.core.name}' applies no attention dropout (dropout="
+                f"{self.dropout}); set attention.dropout to 0, or use a core that can: "
+                f"{CORES.names(dropout=True)}"
             )
 
 

@@ -80,13 +80,13 @@ class DenseCore(AttentionCore):
         return weights
 
 
-@CORES.register("sdpa", ScoreOptions, score_bias=True)
+@CORES.register("sdpa", ScoreOptions, score_bias=True, dropout=True)
 def _sdpa(ctx: LayerContext, options: ScoreOptions, dropout: float) -> DenseCore:
     """PyTorch scaled_dot_product_attention (flash / memory-efficient kernels)."""
     return DenseCore(ctx, options, dropout, sdpa_attention)
 
 
-@CORES.register("eager", ScoreOptions, score_bias=True)
+@CORES.register("eager", ScoreOptions, score_bias=True, dropout=True)
 def _eager(ctx: LayerContext, options: ScoreOptions, dropout: float) -> DenseCore:
     """Explicit activation(q k^T) v with the full score matrix (the reference)."""
     return DenseCore(ctx, options, dropout, softmax_attention)

@@ -199,10 +199,7 @@ class PerformerCore(AttentionCore):
         return CoreOutput(out, state=new_state)
 
 
-@CORES.register("performer", PerformerOptions)
+@CORES.register("performer", PerformerOptions, approximate=True)
 def _performer(ctx: LayerContext, options: PerformerOptions, dropout: float) -> PerformerCore:
     """Performer / FAVOR+ linear attention (softmax or generalised ReLU random features)."""
-    if dropout:
-        logger.warning("the performer core has no attention probabilities; dropout=%g is "
-                       "ignored", dropout)
     return PerformerCore(ctx, options)

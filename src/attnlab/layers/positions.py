@@ -1,4 +1,4 @@
-"""Positional schemes: none, learned absolute, rotary (RoPE), Transformer-XL relative."""
+"""Positional schemes: none, learned absolute, rotary (RoPE), Transformer-XL relative, ALiBi."""
 
 from __future__ import annotations
 
@@ -158,3 +158,56 @@ def _xl(ctx: LayerContext, options: XLOptions) -> Positions:
     """Transformer-XL relative positional scores (for use with a memory of past chunks)."""
     return XLRelativePositions(ctx, options)
 
+
+
+@dataclasses.dataclass(frozen=True)
+class AlibiOptions:
+    exponent: float = 8.0  # head h of n gets slope 2^(-exponent * h / n), h = 1..n
+
+    def validate(self) -> None:
+        if self.exponent <= 0:
+            raise ValueError(f"exponent must be > 0, got {self.exponent}")
+
+
+def alibi_slopes(n_heads: int, exponent: float = 8.0) -> Tensor:
+    """``[n_heads]`` ALiBi slopes (Press et al., 2022): the geometric sequence
+    ``2^(-exponent * h / n)``, h = 1..n, for a power of two ``n``; otherwise those of the
+    largest power of two below ``n_heads``, then every other slope of twice that many."""
+    def geometric(n: int) -> list[float]:
+        return [2.0 ** (-exponent * h / n) for h in range(1, n + 1)]
+
+    below = 2 ** (n_heads.bit_length() - 1)
+    slopes = geometric(below) + geometric(2 * below)[0::2][: n_heads - below]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+class AlibiPositions(Positions):
+    """ALiBi: score -= slope_h * distance, for each head's slope and the query-key distance
+    in token positions (``|distance|`` when bidirectional). Nothing is learned; q and k stay
+    as they are, so it combines with any projections. Positions are absolute token positions,
+    so cached decoding and Transformer-XL memory see the true distances."""
+
+    def __init__(self, ctx: LayerContext, options: AlibiOptions) -> None:
+        super().__init__()
+        self.causal = ctx.causal
+        self.register_buffer("slopes", alibi_slopes(ctx.n_heads, options.exponent),
+                             persistent=False)
+
+    def score_bias(
+        self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor, scale: float,
+        qk_prescale: float,
+    ) -> ScoreBias:
+        slopes = self.slopes.to(q.dtype)
+        causal = self.causal
+
+        def bias(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            distance = (q_positions[i] - k_positions[j]).to(slopes.dtype)
+            return -slopes[h] * (distance if causal else distance.abs())
+
+        return ScoreBias(bias, 1, q.shape[1], q.shape[-2], k.shape[-2], q.device)
+
+
+@POSITIONS.register("alibi", AlibiOptions, score_bias=True)
+def _alibi(ctx: LayerContext, options: AlibiOptions) -> Positions:
+    """ALiBi: per-head linear distance penalties on the scores (no learned parameters)."""
+    return AlibiPositions(ctx, options)

@@ -141,10 +141,7 @@ class ReformerCore(AttentionCore):
         return CoreOutput(out, state=new_state)
 
 
-@CORES.register("reformer", ReformerOptions, memory=False)
+@CORES.register("reformer", ReformerOptions, memory=False, approximate=True)
 def _reformer(ctx: LayerContext, options: ReformerOptions, dropout: float) -> ReformerCore:
     """Reformer shared-QK LSH attention (strictly causal per-bucket chunks when causal)."""
-    if dropout:
-        logger.warning("the reformer core does not implement attention dropout; dropout=%g is "
-                       "ignored", dropout)
     return ReformerCore(ctx, options)

@@ -32,14 +32,21 @@ class Registry(Generic[P]):
     against it and calls the factory with ``options=...`` plus the context keyword arguments.
     """
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, traits: dict[str, tuple[Any, str]] | None = None) -> None:
         self.kind = kind
+        self.known_traits = dict(traits or {})
+        """Each capability a part of this kind may declare: (default, what it means)."""
         self._entries: dict[str, Entry[P]] = {}
 
     def register(
         self, name: str, options: type = NoOptions, **traits: Any
     ) -> Callable[[Callable[..., P]], Any]:
-        """Register a factory under ``name``; ``traits`` are capability flags others check."""
+        """Register a factory under ``name``; ``traits`` declare its capabilities (see
+        ``known_traits``), which the configs check, at config time and nowhere else."""
+        unknown = sorted(set(traits) - set(self.known_traits))
+        if unknown:
+            raise ValueError(f"{self.kind} '{name}': unknown trait(s) {unknown}; known: "
+                             f"{sorted(self.known_traits)}")
 
         def decorator(factory: Callable[..., P]) -> Callable[..., P]:
             if name in self._entries:
@@ -58,12 +65,12 @@ class Registry(Generic[P]):
     def names(self, **traits: Any) -> list[str]:
         """Registered names, optionally only those whose traits match."""
         return sorted(
-            n for n, e in self._entries.items()
-            if all(e.traits.get(t) == want for t, want in traits.items())
+            n for n in self._entries if all(self.trait(n, t) == want for t, want in traits.items())
         )
 
-    def trait(self, name: str, trait: str, default: Any = False) -> Any:
-        return self.get(name).traits.get(trait, default)
+    def trait(self, name: str, trait: str) -> Any:
+        """``name``'s value of ``trait`` (declared, or the trait's default)."""
+        return self.get(name).traits.get(trait, self.known_traits[trait][0])
 
     def get(self, name: str) -> Entry[P]:
         try:
@@ -83,6 +90,15 @@ class Registry(Generic[P]):
 
 
 PROJECTIONS: Registry[Any] = Registry("projections")
-POSITIONS: Registry[Any] = Registry("positions")
-CORES: Registry[Any] = Registry("core")
+POSITIONS: Registry[Any] = Registry("positions", {
+    "score_bias": (False, "returns a ScoreBias: needs a core with the score_bias trait"),
+    "input_embedding": (False, "a table added at the model input (the model owns it)"),
+})
+CORES: Registry[Any] = Registry("core", {
+    "score_bias": (False, "adds a ScoreBias from the positions to its scores"),
+    "memory": (True, "works with Transformer-XL memory (model.memory_len > 0)"),
+    "dropout": (False, "applies attention dropout (AttentionConfig.dropout)"),
+    "approximate": (False, "depends on q and k beyond q.k (random features, hashing, an "
+                           "estimator), so relative positions are not exactly shift-invariant"),
+})
 MLPS: Registry[Any] = Registry("mlp")

@@ -198,7 +198,7 @@ def exact_attention_cost(
     """Forward MACs and activation floats of one attnlab attention layer (module docstring).
 
     ``projections`` / ``positions`` are the layer's :class:`PartSpec` s (dense, switchhead
-    or moa; none, learned, rope or xl). Memory floats count the main tensors the forward
+    or moa; none, learned, rope, xl or alibi). Memory floats count the main tensors the forward
     materialises for the new tokens: q/k/v/o, selection logits, the ``T x Tk`` scores and
     probabilities, and for XL the position keys, ``q . r`` table and gathered bias.
     """
@@ -217,6 +217,8 @@ def exact_attention_cost(
     if positions.name == "xl":
         pos_macs, pos_memory = _xl_positions(s, POSITIONS.options(positions).content_bias)
         macs, memory = macs + pos_macs, memory + pos_memory
+    elif positions.name == "alibi":  # a dense [H, T, Tk] bias, no multiplications
+        memory += s.h * s.t * s.tk
     elif positions.name not in ("none", "learned", "rope"):
         raise ValueError(f"no MAC accounting for positions {positions.name!r}")
     macs += 2 * s.h * s.t * s.tk * s.dh

@@ -63,9 +63,9 @@ class ModelConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         core = self.attention.core.name
-        if self.memory_len and not CORES.trait(core, "memory", default=True):
+        if self.memory_len and not CORES.trait(core, "memory"):
             raise ValueError(
                 f"core '{core}' cannot attend to Transformer-XL memory (memory_len > 0); "
-                f"cores that can: {[n for n in CORES.names() if CORES.trait(n, 'memory', True)]}"
+                f"cores that can: {CORES.names(memory=True)}"
             )
         MLPS.options(self.mlp)

@@ -259,10 +259,7 @@ def _recomputed(fn, *tensors: Tensor):
     return fn(*tensors)
 
 
-@CORES.register("sea", SEAOptions)
+@CORES.register("sea", SEAOptions, approximate=True)
 def _sea(ctx: LayerContext, options: SEAOptions, dropout: float) -> SEACore:
     """SEA: exact attention on a Performer+CNN-estimated sparse mask (linear in T)."""
-    if dropout:
-        logger.warning("the sea core does not apply attention dropout; dropout=%g is ignored",
-                       dropout)
     return SEACore(ctx, options)
