@@ -65,7 +65,8 @@ def config(tiny_run_config, tmp_path):
     ("train.stesp=3", ["unknown config key", "did you mean 'steps'"]),
     ("model.attention.projections={name: dense, n_kv_heads: 3}", ["n_kv_heads=3"]),
     ("train.lr=nan", ["train.lr", "finite number"]),
-    ("model.attention.core={name: sdpa, k: 3}", ["core:sdpa.k", "takes no options"]),
+    ("model.attention.core={name: sdpa, k: 3}", ["core:sdpa.k", "valid keys here"]),
+    ("model.attention.positions={name: none, k: 3}", ["positions:none.k", "takes no options"]),
 ])
 def test_malformed_overrides(override, words, config, tmp_path, capsys):
     out = tmp_path / "run"

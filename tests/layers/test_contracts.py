@@ -128,3 +128,18 @@ def test_capabilities_are_declared_once_and_checked_at_config_time():
     with pytest.raises(ConfigError, match=r"cores that can: \[.*'window'\]; position schemes "
                                           r"core 'performer' can take: \['learned', 'none'"):
         AttentionConfig(core="performer", positions="alibi")
+
+
+@pytest.mark.parametrize("projections", ["switchhead", "moa"])
+@pytest.mark.parametrize("positions", POSITIONS.names(score_bias=True))
+@pytest.mark.parametrize("core", CORES.names(score_bias=True))
+def test_score_biases_work_with_expert_projections(projections, positions, core):
+    """The same decoding contract with SwitchHead and MoA projections (their q/k prescale
+    and expert selection must not disturb the bias)."""
+    layer = build(core, positions, projections=projections)
+    x = tokens()
+    full = layer(x).hidden
+    prefix = layer(x[:, :7], use_cache=True)
+    rest = layer(x[:, 7:], cache=prefix.cache).hidden
+    torch.testing.assert_close(torch.cat((prefix.hidden, rest), dim=1), full, rtol=0,
+                               atol=1e-10)

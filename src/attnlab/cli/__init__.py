@@ -1,5 +1,5 @@
-"""The ``attnlab`` command line: train, distill, eval, long-context, generate, macs, bench,
-report, demo."""
+"""The ``attnlab`` command line: train, distill, eval, long-context, generate, macs, match,
+bench, report, demo."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ def _check_before_work(args: argparse.Namespace) -> None:
                "--plot": (getattr(args, "plot", None), False)}
     if args.command in ("report", "demo"):
         outputs["--out"] = (args.out, True)
+    elif args.command == "match":
+        outputs["--out"] = (args.out, False)
     for option, (path, folder) in outputs.items():
         if isinstance(path, str) and (reason := unwritable_reason(path, folder=folder)):
             raise ConfigError(f"{option} {path}: cannot write there: {reason}")

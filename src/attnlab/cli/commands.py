@@ -120,6 +120,29 @@ def cmd_macs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_match(args: argparse.Namespace) -> int:
+    from attnlab.config import dump_yaml
+    from attnlab.metrics import format_match, match_header, match_params
+    from attnlab.train import load_run_config
+    from attnlab.utils.io import atomic_write_json, atomic_write_text
+
+    source = resolve_config_path(args.config)
+    matched, report = match_params(
+        load_run_config(source, args.set), args.projections, n_heads=args.heads,
+        n_experts=args.experts, k=args.k, solve=args.solve, d_head=args.d_head,
+        d_head_multiple=args.d_head_multiple,
+    )
+    print(format_match(report))
+    if args.out:
+        atomic_write_text(args.out, match_header(report, args.config) + dump_yaml(matched))
+        print(f"saved {args.out}")
+    if args.json:
+        atomic_write_json(args.json, {**report.to_dict(), "config": str(source),
+                                      "out": args.out})
+        print(f"saved {args.json}")
+    return 0
+
+
 def print_records(records: list, json_path: str | None) -> int:
     from attnlab.bench.common import format_table
 

@@ -13,7 +13,7 @@ from attnlab.demo.plan import REAL_MODEL_CHOICES, REAL_MODEL_MINUTES
 
 DESCRIPTION = (
     "Train, distil, evaluate, benchmark and report efficient attention: train, distill, eval, "
-    "long-context, generate, macs, bench, report, demo."
+    "long-context, generate, macs, match, bench, report, demo."
 )
 
 
@@ -97,6 +97,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="paper: the SwitchHead paper's formulas; exact: what attnlab executes")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=commands.cmd_macs)
+
+    p = sub.add_parser(
+        "match", help="a SwitchHead or MoA config with the parameters of a dense one",
+        description="Solve d_head and/or d_ff so that a SwitchHead (or MoA) model has the "
+                    "parameter count of a dense baseline (the SwitchHead paper's recipe), "
+                    "print dense vs matched and write the config. The authors' head-count "
+                    "rule: start at 2 heads, double to 4 if worse than the dense baseline.")
+    p.add_argument("--config", required=True, help="the dense baseline: YAML file or built-in "
+                                                    "config name")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a value of the dense config (repeatable)")
+    p.add_argument("--projections", choices=["switchhead", "moa"], default="switchhead")
+    p.add_argument("--heads", type=at_least(1), required=True, help="attention heads H")
+    p.add_argument("--experts", type=at_least(1), required=True,
+                   help="experts E (switchhead: per head; moa: in all)")
+    p.add_argument("--k", type=at_least(1), default=None,
+                   help="switchhead: experts chosen per head and token (default 2); moa: none")
+    p.add_argument("--solve", choices=["both", "d_head", "d_ff"], default="both",
+                   help="both (default, the paper's recipe): the largest d_head within the "
+                        "dense parameters, then d_ff nudged; d_head: d_head alone; d_ff: d_ff "
+                        "alone")
+    p.add_argument("--d-head", type=at_least(1), default=None,
+                   help="with --solve d_ff: the d_head to keep (default: the dense one)")
+    p.add_argument("--d-head-multiple", type=at_least(1), default=None,
+                   help="a solved d_head is a multiple of this (default: 4 with --solve both, "
+                        "as the paper's, else 1)")
+    p.add_argument("--out", default=None, metavar="NEW.yaml", help="write the matched config")
+    p.add_argument("--json", default=None, metavar="FILE", help="save the report as JSON")
+    p.set_defaults(func=commands.cmd_match)
 
     bench = sub.add_parser("bench", help="side-by-side benchmarks (table + JSON)")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
