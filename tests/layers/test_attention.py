@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -210,3 +212,29 @@ def test_a_cache_from_another_layer_shape_or_batch_is_refused():
                                         "computes torch.float64"):
         layer(x[:, :1], cache=cache.trimmed(6).__class__(cache.k.float(), cache.v.float()))
     assert layer(x[:, :1], cache=cache.selected(torch.arange(6))).hidden.shape == (2, 1, 32)
+
+
+@pytest.mark.parametrize("activation", ["softmax1", "sigmoid"])
+def test_dense_cores_take_a_score_activation(activation):
+    core = {"name": "sdpa", "activation": activation}
+    layer = make_layer("alibi", core)
+    ref = make_layer("alibi", {**core, "name": "eager"})
+    ref.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 9, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(layer(x).hidden, ref(x).hidden, rtol=0, atol=1e-12)
+    # the weights a distillation recorder reads are the ones the core applies
+    p = layer.projections.project(x)
+    bias = layer.positions.score_bias(p.q, p.k, torch.arange(9), torch.arange(9), 0.3, 1.0)
+    weights = layer.core.attention_weights(p.q, p.k, p.v, scale=0.3, score_bias=bias)
+    out = layer.core(p.q, p.k, p.v, scale=0.3, score_bias=bias).out
+    torch.testing.assert_close(out, weights @ p.v, rtol=0, atol=1e-12)
+    assert (weights.sum(-1) < 1).all()  # neither normalises to 1
+
+
+def test_score_activation_options():
+    assert make_layer(core={"name": "eager", "activation": "sigmoid"}).core.sigmoid_bias == (
+        pytest.approx(-math.log(64)))
+    with pytest.raises(ConfigError, match="sigmoid_bias is an option of activation 'sigmoid'"):
+        AttentionConfig(core={"name": "sdpa", "sigmoid_bias": -2.0})
+    with pytest.raises(ConfigError, match="unknown score activation 'relu'"):
+        AttentionConfig(core={"name": "sdpa", "activation": "relu"})
