@@ -6,6 +6,7 @@ Importing this package registers the built-in parts; see ``PROJECTIONS``, ``POSI
 
 from attnlab.layers import (  # noqa: F401  (registration)
     cores,
+    flex,
     mlp,
     moa,
     oracle,
@@ -27,6 +28,7 @@ from attnlab.layers.base import (
     Projected,
     Projections,
 )
+from attnlab.layers.bias import ScoreBias
 from attnlab.layers.mlp import MLPContext
 from attnlab.layers.registry import CORES, MLPS, POSITIONS, PROJECTIONS, Registry
 
@@ -47,4 +49,5 @@ __all__ = [
     "Projected",
     "Projections",
     "Registry",
+    "ScoreBias",
 ]
