@@ -206,6 +206,15 @@ def cmd_bench_layer(args: argparse.Namespace) -> int:
     return print_records(records, args.json)
 
 
+def cmd_bench_bias(args: argparse.Namespace) -> int:
+    from attnlab.bench import bias
+
+    records = bias.run(positions=args.positions, seq_lens=args.seq_lens, heads=args.heads,
+                       d_head=args.d_head, batch=args.batch, reps=args.reps,
+                       json_path=args.json)
+    return print_records(records, args.json)
+
+
 def cmd_bench_train(args: argparse.Namespace) -> int:
     from attnlab.bench import train_step
 

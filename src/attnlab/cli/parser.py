@@ -183,6 +183,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
     p.set_defaults(func=commands.cmd_bench_layer)
 
+    p = bench_sub.add_parser(
+        "bias", help="a position bias (alibi, xl) through sdpa, eager and flex vs no bias",
+        description="Causal attention forwards with a position scheme's score bias: SDPA "
+                    "without a bias (the baseline), SDPA with the bias materialised, the "
+                    "eager reference and the flex core (bias as a compiled score_mod).")
+    p.add_argument("--positions", type=csv_list(str), default=["alibi", "xl"],
+                   metavar="A,B", help="position schemes with a score bias")
+    p.add_argument("--seq-lens", type=csv_list(int, 1), default=[1024, 2048, 4096, 8192],
+                   metavar="T1,T2,...")
+    p.add_argument("--heads", type=at_least(1), default=8)
+    p.add_argument("--d-head", type=at_least(1), default=64)
+    p.add_argument("--batch", type=at_least(1), default=1)
+    p.add_argument("--reps", type=at_least(MIN_REPS), default=MIN_REPS,
+                   help=f"timed repetitions per candidate (>= {MIN_REPS})")
+    p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
+    p.set_defaults(func=commands.cmd_bench_bias)
+
     p = bench_sub.add_parser("train", help="whole training steps of several configs")
     p.add_argument("--configs", nargs="+", required=True,
                    help="YAML files or built-in names; the first is the baseline")
