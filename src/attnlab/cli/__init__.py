@@ -4,7 +4,9 @@ bench, report, demo."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -14,6 +16,20 @@ from attnlab.cli.parser import build_parser
 from attnlab.config import ConfigError
 
 __all__ = ["MIN_REPS", "build_parser", "main"]
+
+
+def _import_plugins(modules: Sequence[str]) -> None:
+    """Import each ``--plugin`` module (it registers its parts on import), looking in the
+    current folder first, as ``python -m`` would."""
+    if modules and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ConfigError(f"--plugin {name}: cannot import it ({err}); give a module "
+                              "on the Python path, e.g. a file my_variants.py in the current "
+                              "folder as --plugin my_variants") from err
 
 
 def _check_before_work(args: argparse.Namespace) -> None:
@@ -61,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from attnlab.train import RunInterrupted
 
     try:
+        _import_plugins(args.plugin)
         _check_before_work(args)
         return args.func(args)
     except RunInterrupted as err:  # Ctrl-C / SIGTERM in train or distill: saved, resumable

@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnlab", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import this Python module first, e.g. one that registers your "
+                             "own attention parts (repeatable)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a language model from a YAML config")

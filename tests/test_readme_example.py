@@ -1,0 +1,67 @@
+"""The README's "your own variant" example, run as a user would: its code block saved as a
+module, loaded with ``attnlab --plugin``, trained next to SwitchHead projections."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.cli import main
+from attnlab.layers import POSITIONS, Attention, AttentionConfig, LayerContext
+from tests.helpers import dump_config
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def example_code() -> str:
+    text = README.read_text()
+    match = re.search(r"<!-- example: own-variant -->\n```python\n(.*?)```", text, re.S)
+    assert match, "the README lost its own-variant example"
+    return match.group(1)
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    (tmp_path / "my_variants.py").write_text(example_code())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield "my_variants"
+    sys.modules.pop("my_variants", None)
+    if "log_decay" in POSITIONS.names():
+        POSITIONS.unregister("log_decay")
+
+
+def test_the_example_is_about_twenty_lines():
+    lines = [line for line in example_code().splitlines() if line.strip()]
+    assert len(lines) <= 22
+
+
+def test_a_registered_variant_trains_from_the_cli(plugin, tiny_run_config, tmp_path, capsys):
+    cfg = tiny_run_config(steps=3)
+    cfg["model"]["attention"] = {
+        "n_heads": 2, "projections": {"name": "switchhead", "n_experts": 4, "k": 2},
+        "positions": {"name": "log_decay", "rate": 0.3}, "core": "flex"}
+    config = dump_config(cfg, tmp_path / "cfg.yaml")
+    assert main(["--plugin", plugin, "train", "--config", str(config), "--out",
+                 str(tmp_path / "run"), "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 3 and summary["eval_loss"] > 0
+    # and it keeps the layer contract: cached decoding equals the full pass
+    ctx = LayerContext(d_model=32, n_heads=2, max_seq_len=64)
+    layer = Attention(ctx, AttentionConfig(n_heads=2, positions="log_decay",
+                                           core="eager")).double().eval()
+    x = torch.randn(1, 9, 32, dtype=torch.float64)
+    prefix = layer(x[:, :5], use_cache=True)
+    rest = layer(x[:, 5:], cache=prefix.cache).hidden
+    torch.testing.assert_close(torch.cat((prefix.hidden, rest), 1), layer(x).hidden,
+                               rtol=0, atol=1e-12)
+
+
+def test_an_unknown_plugin_is_one_line(capsys):
+    assert main(["--plugin", "no_such_variants", "macs", "--config", "tiny"]) == 2
+    assert "--plugin no_such_variants: cannot import it" in capsys.readouterr().err
