@@ -143,3 +143,10 @@ def test_score_biases_work_with_expert_projections(projections, positions, core)
     rest = layer(x[:, 7:], cache=prefix.cache).hidden
     torch.testing.assert_close(torch.cat((prefix.hidden, rest), dim=1), full, rtol=0,
                                atol=1e-10)
+
+
+@pytest.mark.parametrize("core", CORES.names())
+def test_a_built_core_carries_its_declared_traits(core):
+    layer = layer_or_skip(core, "none")
+    assert layer.core.traits == {t: CORES.trait(core, t) for t in CORES.known_traits}
+    assert CORES.trait("sea", "tunable_inference") and CORES.trait("sea", "learns_attention")

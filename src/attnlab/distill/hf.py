@@ -250,7 +250,7 @@ class HFPair(DistillPair):
                               "Face models)")
 
     def sea_cores(self) -> list[nn.Module]:
-        return [c for c in self._student_cores if hasattr(c, "set_inference")]
+        return [c for c in self._student_cores if c.traits["tunable_inference"]]
 
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "model_type": self.teacher.config.model_type,

@@ -73,7 +73,7 @@ class AttnlabPair(CausalLMPair):
         """Nothing more: the checkpoint is the student of an attnlab run folder."""
 
     def sea_cores(self) -> list[nn.Module]:
-        return [c for c in model_cores(self.student) if hasattr(c, "set_inference")]
+        return [c for c in model_cores(self.student) if c.traits["tunable_inference"]]
 
     def close(self) -> None:
         self._teacher_rec.close()

@@ -98,12 +98,12 @@ class LayerRecorder:
 
 @contextlib.contextmanager
 def attention_targets(cores: Sequence[nn.Module], probs: Sequence[Tensor]) -> Iterator[None]:
-    """Give ``cores[i]`` ``probs[i]`` as its ``teacher_probs`` (cores that have one) for the
+    """Give ``cores[i]`` ``probs[i]`` as its ``teacher_probs`` (cores that learn attention) for the
     duration of the block."""
     if len(cores) != len(probs):
         raise ValueError(f"{len(probs)} teacher layers for a student of {len(cores)} layers")
     learners = [(core, p) for core, p in zip(cores, probs, strict=True)
-                if hasattr(core, "teacher_probs")]
+                if core.traits["learns_attention"]]
     for core, p in learners:
         core.teacher_probs = p
     try:

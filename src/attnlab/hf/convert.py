@@ -130,8 +130,9 @@ def set_inference(
     config's ``attnlab`` entry follows, so a saved model reloads with these settings."""
     layer_cores = cores(model)
     entry = getattr(model.config, CONFIG_KEY)
-    if not all(hasattr(c, "set_inference") for c in layer_cores):
-        raise ValueError(f"the {entry['core']} core has no inference settings (sea has)")
+    if not all(c.traits["tunable_inference"] for c in layer_cores):
+        raise ValueError(f"the {entry['core']} core has no inference settings; cores that "
+                         f"have: {CORES.names(tunable_inference=True)}")
     for c in layer_cores:
         c.set_inference(k=k, query_skip=query_skip)
     changed = {"k": k, "query_skip": query_skip}

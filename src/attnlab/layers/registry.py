@@ -86,7 +86,13 @@ class Registry(Generic[P]):
         return from_dict(entry.options, spec.options, f"{self.kind}:{spec.name}")
 
     def build(self, spec: PartSpec, **context: Any) -> P:
-        return self.get(spec.name).factory(options=self.options(spec), **context)
+        """The part ``spec`` names, with its declared capabilities as ``part.traits`` (every
+        known trait's value; a plain dict, so models stay copyable), so code holding a built
+        part asks it instead of probing for attributes."""
+        part = self.get(spec.name).factory(options=self.options(spec), **context)
+        if self.known_traits:
+            part.traits = {t: self.trait(spec.name, t) for t in self.known_traits}
+        return part
 
 
 PROJECTIONS: Registry[Any] = Registry("projections")
@@ -100,5 +106,7 @@ CORES: Registry[Any] = Registry("core", {
     "dropout": (False, "applies attention dropout (AttentionConfig.dropout)"),
     "approximate": (False, "depends on q and k beyond q.k (random features, hashing, an "
                            "estimator), so relative positions are not exactly shift-invariant"),
+    "tunable_inference": (False, "set_inference(k=, query_skip=) retunes it without training"),
+    "learns_attention": (False, "takes teacher attention (teacher_probs) when distilled"),
 })
 MLPS: Registry[Any] = Registry("mlp")

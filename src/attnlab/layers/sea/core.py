@@ -259,7 +259,8 @@ def _recomputed(fn, *tensors: Tensor):
     return fn(*tensors)
 
 
-@CORES.register("sea", SEAOptions, approximate=True)
+@CORES.register("sea", SEAOptions, approximate=True, tunable_inference=True,
+                learns_attention=True)
 def _sea(ctx: LayerContext, options: SEAOptions, dropout: float) -> SEACore:
     """SEA: exact attention on a Performer+CNN-estimated sparse mask (linear in T)."""
     return SEACore(ctx, options)
