@@ -51,6 +51,12 @@ def _compiled() -> Any:
     return torch.compile(flex_attention, dynamic=False)
 
 
+@functools.cache
+def _say_cpu_training_runs_the_reference() -> None:
+    logger.info("flex core: compiled FlexAttention on CPU is inference-only; training steps "
+                "run the explicit reference (same result)")
+
+
 class FlexCore(AttentionCore):
     """``activation(scale * q k^T + bias) v`` with the bias and masks inside FlexAttention."""
 
@@ -59,7 +65,6 @@ class FlexCore(AttentionCore):
         self.causal = ctx.causal
         self.activation = options.activation
         self.compile = options.compile
-        self._said_reference = False
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}, compile={self.compile}"
@@ -96,12 +101,9 @@ class FlexCore(AttentionCore):
         """Whether this call runs the compiled kernel (module docstring)."""
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         cpu_training = tensors[0].device.type == "cpu" and needs_grad
-        fused = self.compile and not cpu_training and tensors[0].shape[-2] >= COMPILE_MIN_QUERIES
-        if cpu_training and self.compile and not self._said_reference:
-            logger.info("flex core: compiled FlexAttention on CPU is inference-only; training "
-                        "steps run the explicit reference (same result)")
-            self._said_reference = True
-        return fused
+        if cpu_training and self.compile:
+            _say_cpu_training_runs_the_reference()
+        return self.compile and not cpu_training and tensors[0].shape[-2] >= COMPILE_MIN_QUERIES
 
     def _block_mask(self, q: Tensor, n_keys: int, key_padding_mask: Tensor | None,
                     null: int) -> Any:
