@@ -3,10 +3,11 @@
     python scripts/positions_grid.py OUT_DIR [--jobs 2] [--steps 600]
 
 Trains dense H8, dense H2 and SwitchHead (``configs/tiny/``) with RoPE, Transformer-XL
-(each config's own XL settings) and ALiBi positions, each with softmax and softmax1: 18 runs
-on the same tokens (same data, seed, steps and batch), ``--jobs`` at a time with one thread
-each. A finished run is kept, an unfinished one resumed. Writes ``grid.json``, ``grid.md``
-(held-out bits per character) and ``grid.png`` to OUT_DIR.
+(each config's own XL settings) and ALiBi positions (default slopes and a steeper set), each
+with softmax and softmax1: 24 runs on the same tokens (same data, seed, steps and batch),
+``--jobs`` at a time with one thread each. A finished run is kept, an unfinished one
+resumed. Writes ``grid.json``, ``grid.md`` (held-out bits per character) and ``grid.png``
+to OUT_DIR.
 """
 
 from __future__ import annotations
@@ -21,22 +22,28 @@ from pathlib import Path
 
 MODELS = {"dense H8": "tiny/dense-h8", "dense H2": "tiny/dense-h2",
           "SwitchHead": "tiny/switchhead"}
-POSITIONS = {"RoPE": "rope", "XL": None, "ALiBi": "alibi"}  # None: the config's own XL
+# label -> (run-name part, positions override); None: the config's own XL settings. ALiBi's
+# default slopes span 2^-1..2^-8 only with 8 heads; "ALiBi e=4" is a steeper set for few heads.
+POSITIONS = {"RoPE": ("rope", "rope"), "XL": ("xl", None), "ALiBi": ("alibi", "alibi"),
+             "ALiBi e=4": ("alibi-e4", "{name: alibi, exponent: 4}")}
 ACTIVATIONS = ("softmax", "softmax1")
+
+
+def run_name(model: str, label: str, activation: str) -> str:
+    return f"{model.replace(' ', '-').lower()}-{POSITIONS[label][0]}-{activation}"
 
 
 def runs(steps: int) -> dict[str, tuple[str, list[str]]]:
     """Run folder name -> (config, overrides)."""
     grid = {}
     for model, config in MODELS.items():
-        for label, positions in POSITIONS.items():
+        for label, (_, positions) in POSITIONS.items():
             for activation in ACTIVATIONS:
                 sets = [f"model.attention.core={{name: sdpa, activation: {activation}}}",
                         f"train.steps={steps}", "train.threads=1"]
                 if positions is not None:
                     sets.append(f"model.attention.positions={positions}")
-                name = f"{model.replace(' ', '-').lower()}-{label.lower()}-{activation}"
-                grid[name] = (config, sets)
+                grid[run_name(model, label, activation)] = (config, sets)
     return grid
 
 
@@ -59,7 +66,7 @@ def collect(out: Path, steps: int) -> list[dict]:
     for model in MODELS:
         for label in POSITIONS:
             for activation in ACTIVATIONS:
-                name = f"{model.replace(' ', '-').lower()}-{label.lower()}-{activation}"
+                name = run_name(model, label, activation)
                 summary = json.loads((out / name / "summary.json").read_text())
                 rows.append({"model": model, "positions": label, "activation": activation,
                              "run": name, "params": summary["params"],

@@ -111,7 +111,7 @@ def test_bad_teachers_and_students_are_rejected(teacher, tmp_path, tiny_run_conf
     xl = load_run_config(base=tiny_run_config())
     xl.model.attention.positions = PartSpec("xl")
     with pytest.raises(ConfigError, match="score bias"):
-        student_config(xl, PartSpec("sea"))
+        student_config(xl, PartSpec("performer"))
     other = student_config(run.cfg, PartSpec("sea"))
     other.model.d_ff = 96
     with pytest.raises(StudentMismatch, match="do not fit"):

@@ -52,6 +52,6 @@ def test_decoding_uses_true_distances_after_a_cache_offset():
 
 def test_cores_without_a_bias_are_refused_with_alternatives():
     with pytest.raises(ConfigError, match="positions 'alibi' adds a score bias.*cores that can"):
-        AttentionConfig(positions="alibi", core="sea")
+        AttentionConfig(positions="alibi", core="performer")
     with pytest.raises(ConfigError, match="exponent must be > 0"):
         AttentionConfig(positions={"name": "alibi", "exponent": 0})

@@ -9,8 +9,10 @@ import torch
 
 from attnlab.config import ConfigError
 from attnlab.layers import Attention, AttentionConfig, LayerContext
+from attnlab.layers.bias import ScoreBias
 from attnlab.layers.sea import SEACore, SEAOptions, SEAState
 from attnlab.ops.attention import softmax_attention
+from attnlab.ops.attention.activations import attention_weights
 from attnlab.utils.testing import assert_close
 
 F64 = torch.float64
@@ -103,13 +105,14 @@ def test_left_padded_cached_decoding_equals_full_pass_and_the_unpadded_rows(infe
     assert cache.core_state.n_real.tolist() == [30, 23]
 
 
-@pytest.mark.parametrize("n_kv_heads", [None, 2])
-def test_long_prefill_in_row_blocks_equals_one_pass(monkeypatch, n_kv_heads):
+@pytest.mark.parametrize(("n_kv_heads", "positions"), [(None, "none"), (2, "none"),
+                                                      (None, "alibi")])
+def test_long_prefill_in_row_blocks_equals_one_pass(monkeypatch, n_kv_heads, positions):
     """A causal prefill longer than PREFILL_ROWS runs in blocks continuing the decoding
-    state: the same output and state as one pass, left padding included."""
+    state: the same output and state as one pass, left padding and score biases included."""
     import attnlab.layers.sea.core as sea_module
 
-    layer = make_layer(n_kv_heads=n_kv_heads, positions="none")
+    layer = make_layer(n_kv_heads=n_kv_heads, positions=positions)
     x = torch.randn(2, 30, 32, dtype=F64)
     mask = torch.ones(2, 30, dtype=torch.bool)
     mask[1, :6] = False
@@ -310,13 +313,60 @@ def test_switchhead_projections_with_the_sea_core():
     torch.testing.assert_close(steps, full, rtol=0, atol=1e-10)
 
 
-def test_score_bias_and_bad_options_are_rejected():
+def test_a_value_width_other_than_the_head_width_is_rejected():
     core = make_core()
     q, k, v = qkv(b=1, t=5)
     with pytest.raises(ValueError, match="value width"):
         core(q, k, v[..., :4], scale=0.3)
-    with pytest.raises(ValueError, match="cannot take"):
-        AttentionConfig(n_heads=4, d_head=8, positions="xl", core="sea").validate()
+
+
+def _distance_bias(t: int) -> ScoreBias:
+    """A per-head linear distance penalty (ALiBi-like, slopes 0.5 and 0.1) over t x t."""
+    slopes = torch.tensor([0.5, 0.1, 0.5, 0.1], dtype=F64)
+    return ScoreBias(lambda b, h, i, j: -slopes[h] * (i - j), 1, 4, t, t, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("activation", ["softmax1", "sigmoid"])
+def test_score_activations_decode_as_the_full_pass(activation):
+    """softmax1 / sigmoid on the selected keys: cached decoding equals the full pass, and
+    the output differs from softmax's."""
+    layer = make_layer(activation=activation)
+    x = torch.randn(2, 20, 32, dtype=F64)
+    with torch.no_grad():
+        full = layer(x).hidden
+        steps, _ = decode_in_pieces(layer, x, [0, 7, *range(8, 21)])
+        softmax = make_layer()(x).hidden
+    torch.testing.assert_close(steps, full, rtol=0, atol=1e-10)
+    assert (full - softmax).abs().max() > 1e-3
+
+
+def test_a_sigmoid_student_is_distilled_on_each_keys_share_of_the_row_weight():
+    """Against the (unnormalised) sigmoid weights of the same q, k, a sigmoid student's
+    attention loss is zero: the loss compares shares of the row's weight."""
+    q, k, v = qkv()
+    scores = (q @ k.transpose(-1, -2)) * 0.3
+    causal = torch.ones(30, 30, dtype=torch.bool).tril()
+    teacher = attention_weights(scores, causal, "sigmoid", -2.0)
+    core = make_core(True, activation="sigmoid", sigmoid_bias=-2.0).train()
+    core.teacher_probs = teacher
+    assert float(core(q, k, v, scale=0.3).aux["sea_attention"]) < 1e-12
+    core.teacher_probs = attention_weights(scores, causal, "softmax")
+    assert float(core(q, k, v, scale=0.3).aux["sea_attention"]) > 1e-5
+
+
+def test_the_training_losses_see_the_score_bias():
+    """The student's dense attention in the distillation loss includes the score bias: a
+    teacher equal to the biased attention of the same q, k gives a zero attention loss,
+    which the unbiased scores do not."""
+    q, k, v = qkv()
+    bias = _distance_bias(q.shape[-2])
+    teacher = softmax_attention(q, k, v, scale=0.3, causal=True, score_bias=bias.dense(),
+                                return_weights=True)[1]
+    core = make_core(True).train()
+    core.teacher_probs = teacher
+    with_bias = core(q, k, v, scale=0.3, score_bias=bias).aux["sea_attention"]
+    without = core(q, k, v, scale=0.3).aux["sea_attention"]
+    assert float(with_bias) < 1e-12 < 1e-3 < float(without)
 
 
 @pytest.mark.parametrize(("options", "match"), [
@@ -329,6 +379,8 @@ def test_score_bias_and_bad_options_are_rejected():
     ({"kernel": "cos"}, "kernel"),
     ({"attention_path": "flash"}, "attention_path"),
     ({"predictor": 8}, "predictor_length"),
+    ({"activation": "relu"}, "unknown score activation"),
+    ({"sigmoid_bias": -2.0}, "sigmoid_bias is an option of activation 'sigmoid'"),
 ])
 def test_bad_options_are_rejected(options, match):
     with pytest.raises((ValueError, ConfigError), match=match):

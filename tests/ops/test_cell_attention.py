@@ -77,6 +77,58 @@ def test_cells_covering_the_causal_prefix_equal_causal_attention():
     assert_close("causal", softmax_attention(q, k, v, scale=0.4, causal=True), out, 1e-12)
 
 
+def test_a_score_bias_is_added_at_the_cells_keys():
+    """Cells covering each row's causal prefix with a bias fn(b, h, i, j) equal causal
+    attention with the dense bias, forward and gradients (the bias's parameter included),
+    in several query chunks."""
+    b, h, t = 2, 3, 11
+    q, k, v = _qkv(b, h, h, t)
+    table = torch.randn(b, h, t, dtype=F64, requires_grad=True)
+
+    def fn(bi, hi, i, j):
+        return table[bi, hi, j] - 0.2 * (hi + 1) * (i - j)
+
+    head = torch.arange(h).expand(b, t, h)
+    index = torch.arange(t).expand(b, t, h, t)
+    valid = index <= torch.arange(t).view(1, t, 1, 1)
+    out = cell_attention(q, k, v, head, index, valid, scale=0.4, score_bias=fn, query_chunk=4)
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    dense = fn(torch.arange(b).view(b, 1, 1, 1), torch.arange(h).view(1, h, 1, 1), i, j)
+    ref = softmax_attention(q, k, v, scale=0.4, causal=True, score_bias=dense)
+    assert_close("biased", ref, out, 1e-12)
+    grad = torch.randn_like(out)
+    leaves = (q, k, v, table)
+    for name, g, g_ref in zip("qkvb", torch.autograd.grad(out, leaves, grad),
+                              torch.autograd.grad(ref, leaves, grad), strict=True):
+        assert_close(f"grad {name}", g_ref, g, 1e-11)
+    naive = cell_attention_naive(q, k, v, head, index, valid, scale=0.4, score_bias=fn)
+    assert_close("naive", ref, naive, 1e-12)
+
+
+@pytest.mark.parametrize("activation", ["softmax1", "sigmoid"])
+def test_score_activations_over_cells_equal_dense_attention(activation):
+    """Each head's causal prefix split over two cells (so softmax1's normaliser spans cells)
+    equals dense causal attention under the activation, forward and gradients; so does the
+    reference."""
+    b, h, t = 2, 3, 10
+    q, k, v = _qkv(b, h, h, t)
+    head = torch.arange(h).repeat_interleave(2).expand(b, t, 2 * h)
+    half = torch.arange(t // 2)
+    index = torch.stack([half, half + t // 2]).repeat(h, 1).expand(b, t, 2 * h, t // 2)
+    valid = index <= torch.arange(t).view(1, t, 1, 1)
+    kw = dict(scale=0.4, activation=activation, sigmoid_bias=-1.5)
+    out = cell_attention(q, k, v, head, index, valid, query_chunk=3, **kw)
+    ref = softmax_attention(q, k, v, causal=True, **kw)
+    assert_close(activation, ref, out, 1e-12)
+    grad = torch.randn_like(out)
+    for name, g, g_ref in zip("qkv", torch.autograd.grad(out, (q, k, v), grad),
+                              torch.autograd.grad(ref, (q, k, v), grad), strict=True):
+        assert_close(f"grad {name}", g_ref, g, 1e-11)
+    assert_close("naive", ref, cell_attention_naive(q, k, v, head, index, valid, **kw), 1e-12)
+    with pytest.raises(ValueError, match="unknown score activation"):
+        cell_attention(q, k, v, head, index, valid, scale=0.4, activation="relu")
+
+
 def test_low_precision_inputs_compute_in_float32():
     q, k, v = (x.detach().to(torch.bfloat16) for x in _qkv(1, 2, 2, 16))
     head, index, valid = _random_cells(1, 2, 16, c=2, w=4)

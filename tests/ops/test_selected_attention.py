@@ -92,3 +92,66 @@ def test_pytorch_paths_match_reference_forward_and_gradients(group, dense):
     for name, g, g_ref in zip("qkvr", torch.autograd.grad(out, leaves, grad),
                               torch.autograd.grad(ref, leaves, grad), strict=True):
         assert_close(f"grad {name}", g_ref, g, 1e-11)
+
+
+def _bias_fn(t_k: int, seed: int = 3):
+    """A learnable per-(head, key) bias plus a per-head distance slope: ``fn(b, h, i, j)``
+    for queries that are the last rows of ``t_k`` keys, and its parameter."""
+    table = torch.randn(4, t_k, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    table.requires_grad_()
+    slopes = torch.tensor([0.3, 0.1, 0.05, 0.0], dtype=F64)
+
+    def fn(b, h, i, j):
+        return table[h, j] - slopes[h] * (i - j).abs()
+
+    return fn, table
+
+
+@pytest.mark.parametrize("activation", ["softmax1", "sigmoid"])
+@pytest.mark.parametrize("dense", [False, True])
+def test_score_activations_on_the_selected_keys(dense, activation):
+    """softmax1 and sigmoid over the selected keys: the PyTorch paths against the reference
+    (forward and gradients); without autograd the native kernel (softmax only) is skipped;
+    and the result differs from softmax's."""
+    q, k, v, ranking, lengths, r2p, row_scale = _inputs(t_q=70, t_k=70)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    kw = dict(scale=0.3, rank_to_pos=r2p, row_scale=row_scale, activation=activation,
+              sigmoid_bias=-2.0)
+    out = selected_attention(*leaves, ranking, lengths, 6, causal=True, dense=dense, **kw)
+    ref = selected_attention_naive(*leaves, ranking, lengths, 6, **kw)
+    assert_close("out", ref, out, 1e-12)
+    grad = torch.randn_like(out)
+    for name, g, g_ref in zip("qkv", torch.autograd.grad(out, leaves, grad),
+                              torch.autograd.grad(ref, leaves, grad), strict=True):
+        assert_close(f"grad {name}", g_ref, g, 1e-11)
+    with torch.no_grad():
+        fast = selected_attention(q, k, v, ranking, lengths, 6, causal=True, **kw)
+    assert_close("no autograd", ref, fast, 1e-12)
+    softmax = selected_attention_naive(q, k, v, ranking, lengths, 6, scale=0.3,
+                                       rank_to_pos=r2p, row_scale=row_scale)
+    assert (ref - softmax).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_a_score_bias_is_added_at_the_selected_keys(dense):
+    """The PyTorch paths (over 2 row blocks, so the bias sees each block's row offset) against
+    the reference, forward and gradients, the bias's own parameter included; and the
+    reference against masked attention with the dense bias. Without autograd the native
+    kernel (which takes no bias) is skipped."""
+    q, k, v, ranking, lengths, r2p, row_scale = _inputs(t_q=70, t_k=70)
+    fn, table = _bias_fn(70)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)] + [table]
+    kw = dict(scale=0.3, rank_to_pos=r2p, row_scale=row_scale, score_bias=fn)
+    out = selected_attention(*leaves[:3], ranking, lengths, 6, causal=True, dense=dense, **kw)
+    ref = selected_attention_naive(*leaves[:3], ranking, lengths, 6, **kw)
+    assert_close("out", ref, out, 1e-12)
+    grad = torch.randn_like(out)
+    for name, g, g_ref in zip("qkvb", torch.autograd.grad(out, leaves, grad),
+                              torch.autograd.grad(ref, leaves, grad), strict=True):
+        assert_close(f"grad {name}", g_ref, g, 1e-11)
+    unbiased = selected_attention_naive(q, k, v, ranking, lengths, 6, scale=0.3,
+                                        rank_to_pos=r2p, row_scale=row_scale)
+    assert (ref - unbiased).abs().max() > 1e-2
+    with torch.no_grad():
+        fast = selected_attention(q, k, v, ranking, lengths, 6, causal=True, **kw)
+    assert_close("no autograd", ref, fast, 1e-12)

@@ -1,4 +1,4 @@
-"""``attnlab bench bias``: what a position bias costs each dense core, side by side.
+"""``attnlab bench bias``: what a position bias costs each core, side by side.
 
 Per position scheme with a score bias (``alibi``, ``xl``) and length, one causal attention
 call ``[batch, heads, T, d_head]`` (forward, inference) through:
@@ -6,7 +6,10 @@ call ``[batch, heads, T, d_head]`` (forward, inference) through:
 * ``sdpa``: no bias at all: the fused causal kernel, the cost of attention itself (baseline);
 * ``sdpa+bias``: SDPA with the bias materialised as a dense ``[B, H, T, T]`` additive mask;
 * ``eager+bias``: the explicit reference (scores, bias, softmax, all materialised);
-* ``flex+bias``: the ``flex`` core, the bias as FlexAttention's ``score_mod`` (compiled).
+* ``flex+bias``: the ``flex`` core, the bias as FlexAttention's ``score_mod`` (compiled);
+* ``sea``, ``sea+bias``: the ``sea`` core (default options, untrained estimator) without and
+  with the bias, which it adds at its selected keys only (and which moves it off its native
+  kernel onto the PyTorch sparse path).
 
 Each candidate builds its own bias from q and k in every call (Transformer-XL's ``q . R``
 table is part of its cost). The first ``flex`` call at each length compiles the kernel; its
@@ -38,7 +41,8 @@ BENCH = "bias"
 BASELINE = "sdpa"
 DEFAULT_SEQ_LENS = (1024, 2048, 4096, 8192)
 CANDIDATES = {"sdpa": ("sdpa", False), "sdpa+bias": ("sdpa", True),
-              "eager+bias": ("eager", True), "flex+bias": ("flex", True)}
+              "eager+bias": ("eager", True), "flex+bias": ("flex", True),
+              "sea": ("sea", False), "sea+bias": ("sea", True)}
 """Candidate name -> (core, whether the positions' bias is added)."""
 
 

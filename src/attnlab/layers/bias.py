@@ -15,10 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-BiasFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
-"""``fn(b, h, i, j) -> bias``: broadcastable long index tensors of the batch row, the query
-head, the query (``0..Tq-1``) and the key (``0..Tk-1``) in, the additive bias out (shaped by
-broadcasting; an index the bias does not depend on may be ignored)."""
+from attnlab.ops.attention.bias import BiasFn, dense_bias, evaluate_bias
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,24 +34,17 @@ class ScoreBias:
     n_keys: int
     device: torch.device
 
-    def _batch_head(self) -> tuple[Tensor, Tensor]:
-        b = torch.arange(self.batch, device=self.device)[:, None, None, None]
-        h = torch.arange(self.heads, device=self.device)[None, :, None, None]
-        return b, h
-
     def at(self, queries: Tensor, keys: Tensor) -> Tensor:
         """The bias at query indices ``queries`` and key indices ``keys``, two long tensors
         that broadcast against ``[B, H, n, m]`` (e.g. ``[n, 1]`` and ``[1, m]`` for a block,
         or ``[n, 1]`` and ``[B, H, n, m]`` for ``m`` selected keys per row):
         ``[B or 1, H or 1, n, m]``."""
-        b, h = self._batch_head()
-        out = self.fn(b, h, queries, keys)
-        return out if out.dim() == 4 else out.reshape((1,) * (4 - out.dim()) + out.shape)
+        return evaluate_bias(self.fn, self.batch, self.heads, queries, keys)
 
     def dense(self) -> Tensor:
         """``[B or 1, H or 1, Tq, Tk]``: the bias of every pair."""
-        queries = torch.arange(self.n_queries, device=self.device)[:, None]
-        return self.at(queries, torch.arange(self.n_keys, device=self.device)[None, :])
+        queries = torch.arange(self.n_queries, device=self.device)
+        return dense_bias(self.fn, self.batch, self.heads, queries, self.n_keys)
 
     def score_mod(self) -> Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]:
         """The bias as FlexAttention's ``score_mod(score, b, h, q_idx, kv_idx)``."""

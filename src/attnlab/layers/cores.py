@@ -31,6 +31,10 @@ class ScoreOptions:
             raise ValueError(f"sigmoid_bias is an option of activation 'sigmoid', not "
                              f"{self.activation!r}")
 
+    def resolved_sigmoid_bias(self, max_seq_len: int) -> float:
+        """Sigmoid's bias: the option, or ``-log(max_seq_len)`` when it is None."""
+        return -math.log(max_seq_len) if self.sigmoid_bias is None else self.sigmoid_bias
+
 
 class DenseCore(AttentionCore):
     """Exact ``activation(scale * q k^T + bias) v`` through ``ops.attention``."""
@@ -42,8 +46,7 @@ class DenseCore(AttentionCore):
         self.dropout = dropout
         self.fn = fn
         self.activation = options.activation
-        self.sigmoid_bias = (-math.log(ctx.max_seq_len) if options.sigmoid_bias is None
-                             else options.sigmoid_bias)
+        self.sigmoid_bias = options.resolved_sigmoid_bias(ctx.max_seq_len)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"

@@ -14,6 +14,8 @@ from attnlab.layers.registry import CORES
 from attnlab.layers.sea.decoding import SEAState, key_layout
 from attnlab.layers.sea.estimator import SEAEstimator
 from attnlab.layers.sea.options import DENSE_PATH_MAX_KEYS, SEAOptions
+from attnlab.ops.attention.activations import share_logits
+from attnlab.ops.attention.bias import BiasFn, dense_bias, offset_queries
 from attnlab.ops.attention.masks import allowed_keys, expand_kv_heads
 from attnlab.ops.sea import (
     attention_distill_loss,
@@ -63,10 +65,13 @@ class SEACore(AttentionCore):
         self.output_norm = nn.LayerNorm(ctx.d_head) if output == "norm" else None
         self.estimator = SEAEstimator(ctx, options)
         self.n_bins = options.predictor_length
+        self.activation = options.activation
+        self.sigmoid_bias = options.scoring.resolved_sigmoid_bias(ctx.max_seq_len)
 
     def extra_repr(self) -> str:
         return (f"k={self.k}, predictor_length={self.n_bins}, topk_group={self.topk_group}, "
-                f"query_skip={self.query_skip}, causal={self.causal}")
+                f"query_skip={self.query_skip}, causal={self.causal}, "
+                f"activation={self.activation!r}")
 
     def set_inference(self, *, k: int | None = None, query_skip: int | None = None) -> None:
         """Change the key budget (dynamic k) and/or the query skip; no retraining needed."""
@@ -101,16 +106,19 @@ class SEACore(AttentionCore):
         """q ``[B, H, Tq, D]``, k ``[B, Hk, Tk, D]``, v ``[B, Hk, Tk, D]`` -> ``[B, H, Tq, D]``.
 
         Queries are the last ``Tq`` of the ``Tk`` key positions; ``key_padding_mask``
-        ``[B, Tk]`` bool, True = real key. It takes no ``score_bias``.
+        ``[B, Tk]`` bool, True = real key. A ``score_bias`` (ALiBi, Transformer-XL) is added
+        to the exact scores of the selected keys and to the training losses' dense scores;
+        the estimator sees q and k only and learns the bias's effect through its loss.
         """
         b, _, t_q, d = q.shape
         if v.shape[-1] != d:
             raise ValueError(f"the sea core needs value width == head width, got {v.shape[-1]} "
                              f"and {d}")
         threads = torch.get_num_threads()  # the native kernel's, over the rows
+        bias = None if score_bias is None else score_bias.fn
         if not (self.causal and not self.training and t_q > PREFILL_ROWS):
             with single_threaded(b * t_q <= FEW_ROWS):
-                return self._forward(q, k, v, scale, key_padding_mask, state, threads)
+                return self._forward(q, k, v, scale, key_padding_mask, state, threads, bias)
         # A long causal prefill at inference: blocks of rows, each continuing the decoding
         # state of the last (the same result as one pass, as cached decoding is), so the
         # estimator's and the selection's [B, H, rows, ...] tensors stay block-sized.
@@ -121,12 +129,14 @@ class SEACore(AttentionCore):
             piece = self._forward(
                 q[..., start:stop, :], k[..., :keys, :], v[..., :keys, :], scale,
                 None if key_padding_mask is None else key_padding_mask[:, :keys], state, threads,
+                None if bias is None else offset_queries(bias, start),
             )
             pieces.append(piece.out)
             state = piece.state
         return CoreOutput(torch.cat(pieces, dim=-2), {}, state)
 
-    def _forward(self, q, k, v, scale, key_padding_mask, state, threads) -> CoreOutput:
+    def _forward(self, q, k, v, scale, key_padding_mask, state, threads,
+                 bias: BiasFn | None) -> CoreOutput:
         b, h, t_q, _ = q.shape
         t_k = k.shape[-2]
         usable = state if self._usable(state, t_k - t_q) else None
@@ -148,6 +158,7 @@ class SEACore(AttentionCore):
             q, k, v, ranking, lengths, self.k, scale=scale, causal=self.causal,
             group=self.topk_group, row_scale=gates[..., 0], rank_to_pos=rank_to_pos,
             dense=path == "dense", query_chunk=self.query_chunk, threads=threads,
+            score_bias=bias, activation=self.activation, sigmoid_bias=self.sigmoid_bias,
         )
         if self.causal:
             first = t_k - t_q if usable is not None else 0
@@ -167,13 +178,13 @@ class SEACore(AttentionCore):
         out = mixed if self.output_norm is None else self.output_norm(mixed) + mixed
         aux = {}
         if self.training and self.teacher_probs is not None:
-            aux = self._distill_losses(q, k, scale, key_padding_mask, rank_to_pos, logits,
-                                       lengths)
+            aux = self._distill_losses(q, k, scale, key_padding_mask, bias, rank_to_pos,
+                                       logits, lengths)
         elif self.training and self.loss_weight:
 
             def self_target_loss(q: Tensor, k: Tensor, logits: Tensor) -> Tensor:
                 with torch.no_grad():
-                    dense = self._dense_logits(q, k, scale, key_padding_mask)
+                    dense = self._share_logits(q, k, scale, key_padding_mask, bias)
                     probs = torch.softmax(dense, -1,
                                           dtype=torch.promote_types(dense.dtype, torch.float32))
                 target = self._by_rank(probs.nan_to_num(0.0), rank_to_pos)
@@ -182,19 +193,23 @@ class SEACore(AttentionCore):
             aux["sea_estimate"] = self.loss_weight * _recomputed(self_target_loss, q, k, logits)
         return CoreOutput(out.to(q.dtype), aux, new_state)
 
-    def _distill_losses(self, q, k, scale, key_mask, rank_to_pos, logits, lengths) -> dict:
+    def _distill_losses(self, q, k, scale, key_mask, bias, rank_to_pos, logits,
+                        lengths) -> dict:
         """SEA's per-layer distillation losses against ``teacher_probs`` (each divided by the
         number of layers, so summing over layers averages): (a) ``sea_estimate``, the
-        upsampled estimate, and (b) ``sea_attention``, the student's own dense softmax of
-        q k^T (which trains the projections), each 0.1 KL + MSE."""
+        upsampled estimate, and (b) ``sea_attention``, the student's own dense attention over
+        every key (which trains the projections), each 0.1 KL + MSE. Both compare each key's
+        share of its row's weight (the teacher's weights normalised per row; the same as its
+        probabilities for a softmax teacher)."""
         teacher = self.teacher_probs
         expected = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         if tuple(teacher.shape) != expected:
             raise ValueError(f"teacher_probs must be [B, H, Tq, Tk] = {list(expected)}, got "
                              f"{list(teacher.shape)}")
+        teacher = teacher / teacher.sum(-1, keepdim=True).clamp_min(torch.finfo(teacher.dtype).tiny)
 
         def losses(q: Tensor, k: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
-            dense = self._dense_logits(q, k, scale, key_mask)
+            dense = self._share_logits(q, k, scale, key_mask, bias)
             dense = dense.masked_fill(~torch.isfinite(dense).any(-1, keepdim=True), 0.0)
             return (estimate_loss(logits, lengths, self._by_rank(teacher, rank_to_pos)),
                     attention_distill_loss(dense, teacher))
@@ -234,10 +249,16 @@ class SEACore(AttentionCore):
         query_mask = None if key_mask is None else key_mask[:, -probs.shape[2]:]
         return estimate_weighted_mean(v_by_rank, probs.clamp_min(0), lengths[:, 0], query_mask)
 
-    def _dense_logits(self, q, k, scale, key_mask) -> Tensor:
-        """The layer's full scaled ``q k^T`` ``[B, H, Tq, Tk]``, -inf at keys a row may not
-        see (O(T^2): training targets only)."""
+    def _share_logits(self, q, k, scale, key_mask, bias: BiasFn | None) -> Tensor:
+        """``[B, H, Tq, Tk]`` logits whose softmax is each key's share of its row's weight
+        (:func:`~attnlab.ops.attention.activations.share_logits` of the layer's full scaled
+        ``q k^T`` plus the score bias), -inf at keys a row may not see (O(T^2): training
+        targets only)."""
         scores = (q @ expand_kv_heads(k, q.shape[1]).transpose(-1, -2)) * scale
+        if bias is not None:
+            queries = torch.arange(q.shape[-2], device=q.device)
+            scores = scores + dense_bias(bias, q.shape[0], q.shape[1], queries, k.shape[-2])
+        scores = share_logits(scores, self.activation, self.sigmoid_bias)
         allowed = allowed_keys(q.shape[-2], k.shape[-2], causal=self.causal,
                                key_padding_mask=key_mask, device=q.device)
         return scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
@@ -259,8 +280,8 @@ def _recomputed(fn, *tensors: Tensor):
     return fn(*tensors)
 
 
-@CORES.register("sea", SEAOptions, approximate=True, tunable_inference=True,
-                learns_attention=True)
+@CORES.register("sea", SEAOptions, score_bias=True, approximate=True,
+                tunable_inference=True, learns_attention=True)
 def _sea(ctx: LayerContext, options: SEAOptions, dropout: float) -> SEACore:
     """SEA: exact attention on a Performer+CNN-estimated sparse mask (linear in T)."""
     return SEACore(ctx, options)

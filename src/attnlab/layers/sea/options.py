@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from attnlab.layers.cores import ScoreOptions
 from attnlab.layers.performer import PerformerOptions
 from attnlab.ops.sea import GROUPS
 
@@ -44,6 +45,11 @@ class SEAOptions:
       simulation, O(T^2)) or ``"auto"`` (dense when ``Tk <=`` :data:`DENSE_PATH_MAX_KEYS`,
       where the dense form is faster on CPU; sparse otherwise). All give the same result.
     * ``query_chunk``: query rows per gather of the sparse attention (None = automatic).
+    * ``activation``, ``sigmoid_bias``: the score activation of the exact attention on the
+      selected keys, as the dense cores' (:class:`~attnlab.layers.cores.ScoreOptions`):
+      ``softmax`` (SEA's), ``softmax1`` or ``sigmoid``; other than softmax, the attention
+      runs on the PyTorch path, not the native kernel. The estimator learns each key's share
+      of its row's total weight under it.
     """
 
     k: int = 64
@@ -58,6 +64,12 @@ class SEAOptions:
     estimator_loss: float = 1.0
     attention_path: str = "auto"
     query_chunk: int | None = None
+    activation: str = "softmax"
+    sigmoid_bias: float | None = None
+
+    @property
+    def scoring(self) -> ScoreOptions:
+        return ScoreOptions(self.activation, self.sigmoid_bias)
 
     def validate(self) -> None:
         if self.k < 1:
@@ -78,3 +90,4 @@ class SEAOptions:
         if self.estimator_loss < 0:
             raise ValueError(f"estimator_loss must be >= 0, got {self.estimator_loss}")
         PerformerOptions(self.kernel, self.n_features, self.redraw_every).validate()
+        self.scoring.validate()

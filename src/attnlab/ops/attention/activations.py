@@ -13,6 +13,7 @@ Masked keys get weight 0 under every activation, and so does every key of a row 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 ACTIVATIONS = ("softmax", "softmax1", "sigmoid")
@@ -39,6 +40,7 @@ def attention_weights(
         if mask is not None:
             weights = weights.masked_fill(~mask, 0.0)
         return weights.to(scores.dtype)
+
     if mask is not None:
         wide = wide.masked_fill(~mask, float("-inf"))
     if activation == "softmax":
@@ -48,3 +50,13 @@ def attention_weights(
         exp = torch.exp(wide - shift)
         weights = exp / (torch.exp(-shift) + exp.sum(-1, keepdim=True))
     return weights.to(scores.dtype)
+
+
+def share_logits(scores: Tensor, activation: str = "softmax", sigmoid_bias: float = 0.0
+                 ) -> Tensor:
+    """Logits whose softmax over a row is each key's share of the row's total weight under
+    ``activation`` (``weights / weights.sum(-1)``): the scores themselves for ``softmax`` and
+    ``softmax1`` (whose weights are softmax's times a per-row factor), ``log sigmoid(x + b)``
+    for ``sigmoid``. -inf (a masked key) stays -inf."""
+    check_activation(activation)
+    return F.logsigmoid(scores + sigmoid_bias) if activation == "sigmoid" else scores

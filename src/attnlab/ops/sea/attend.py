@@ -1,11 +1,12 @@
 """SEA's exact attention on the keys it selects: grouped top-k of the ranked compressed cells,
-decompression into runs of keys (at most ``cap`` per bin), softmax over those keys per head.
+decompression into runs of keys (at most ``cap`` per bin), softmax (or another score
+activation) over those keys per head.
 
 :func:`selected_attention` runs it in one native CPU kernel when it can (``group="heads"``,
-CPU float32, float64 or bfloat16, no autograd: selection and attention per row, nothing
-materialised) and otherwise as :func:`~attnlab.ops.sea.select_cell_list` +
-:func:`~attnlab.ops.sea.cell_runs` + :func:`~attnlab.ops.sparse_attention.run_attention`
-over blocks of rows;
+CPU float32, float64 or bfloat16, no autograd, softmax with no score bias: selection and
+attention per row, nothing materialised) and otherwise as
+:func:`~attnlab.ops.sea.select_cell_list` + :func:`~attnlab.ops.sea.cell_runs` +
+:func:`~attnlab.ops.sparse_attention.run_attention` over blocks of rows;
 :func:`selected_attention_naive` is the dense-mask reference.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnlab.ops.attention.bias import BiasFn, dense_bias, offset_queries
 from attnlab.ops.sea.mask import cell_runs, select_cell_list
 from attnlab.ops.sparse_attention import (
     cell_mask,
@@ -48,7 +50,8 @@ def selected_attention(
     q: Tensor, k: Tensor, v: Tensor, ranking: Tensor, lengths: Tensor, k_per_head: int, *,
     scale: float, causal: bool, group: str = "heads", row_scale: Tensor | None = None,
     rank_to_pos: Tensor | None = None, dense: bool = False, query_chunk: int | None = None,
-    threads: int | None = None,
+    threads: int | None = None, score_bias: BiasFn | None = None, activation: str = "softmax",
+    sigmoid_bias: float = 0.0,
 ) -> Tensor:
     """Attention of each query row over the keys of its selected cells.
 
@@ -65,11 +68,17 @@ def selected_attention(
             simulation; faster on CPU for a few hundred keys, O(T^2) memory).
         query_chunk: rows per gather of the PyTorch sparse path (None = automatic).
         threads: the native kernel's threads (None: torch's), at most one per row.
+        score_bias: additive bias over (batch, head, query row ``0..Tq-1``, key position),
+            evaluated only at the selected keys (the native kernel takes none); or None.
+        activation, sigmoid_bias: the score activation over the selected keys
+            (:mod:`attnlab.ops.attention.activations`; the native kernel computes ``softmax``).
     Returns:
         ``[B, H, Tq, Dv]``; a head with no selected key outputs 0.
     """
     tensors = [q, k, v, ranking] + ([] if row_scale is None else [row_scale])
-    if not dense and group == "heads" and native.supports(*tensors):
+    weighting = {"activation": activation, "sigmoid_bias": sigmoid_bias}
+    if (score_bias is None and activation == "softmax" and not dense and group == "heads"
+            and native.supports(*tensors)):
         return native.select_attention_native(
             q, k, v, ranking, lengths, k_per_head, cap=k_per_head, scale=scale,
             row_scale=row_scale, rank_to_pos=rank_to_pos, threads=threads,
@@ -84,13 +93,19 @@ def selected_attention(
         if dense:
             key_index, valid = run_keys(lo, width, count, rank_to_pos)
             mask = cell_mask(head, key_index, valid, q.shape[1], k.shape[-2])
+            bias = None if score_bias is None else dense_bias(
+                score_bias, q.shape[0], q.shape[1],
+                torch.arange(rows.start, rows.stop, device=q.device), k.shape[-2])
             out.append(masked_attention(q[..., rows, :], k, v, mask, scale=scale,
-                                        row_scale=scale_rows))
+                                        row_scale=scale_rows, score_bias=bias, **weighting))
         else:
             out.append(run_attention(
                 q[..., rows, :], k, v, head, lo, count, width, scale=scale,
                 row_scale=scale_rows, rank_to_pos=rank_to_pos, query_chunk=query_chunk,
                 validate=False,  # runs from cell_runs: in range by construction
+                score_bias=None if score_bias is None else offset_queries(score_bias,
+                                                                          rows.start),
+                **weighting,
             ))
     return torch.cat(out, dim=-2)
 
@@ -98,11 +113,14 @@ def selected_attention(
 def selected_attention_naive(
     q: Tensor, k: Tensor, v: Tensor, ranking: Tensor, lengths: Tensor, k_per_head: int, *,
     scale: float, group: str = "heads", row_scale: Tensor | None = None,
-    rank_to_pos: Tensor | None = None,
+    rank_to_pos: Tensor | None = None, score_bias: BiasFn | None = None,
+    activation: str = "softmax", sigmoid_bias: float = 0.0,
 ) -> Tensor:
     """Reference of :func:`selected_attention`: all rows' cells at once and the dense masked
-    softmax over their keys."""
+    attention over their keys."""
     head, bins, keep = select_cell_list(ranking, lengths, k_per_head, group=group)
     lo, width, count = cell_runs(bins, keep, lengths, ranking.shape[-1], cap=k_per_head)
     return run_attention_naive(q, k, v, head, lo, count, width, scale=scale,
-                               row_scale=row_scale, rank_to_pos=rank_to_pos)
+                               row_scale=row_scale, rank_to_pos=rank_to_pos,
+                               score_bias=score_bias, activation=activation,
+                               sigmoid_bias=sigmoid_bias)

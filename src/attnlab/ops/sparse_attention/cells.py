@@ -20,26 +20,46 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from attnlab.ops.attention.activations import check_activation
+from attnlab.ops.attention.bias import BiasFn
 from attnlab.ops.sparse_attention.validation import check_cell_inputs
 
 SLOTS_PER_CHUNK = 32768
 """Gathered (row, cell, key) triples per chunk: 8 MiB per fp32 K or V buffer at D=64."""
 
 
-def _chunk(q_flat, k_flat, v_flat, q_rows, k_rows, head, valid, row_scale, n_heads, scale):
-    """One chunk: ``q_rows [B, R, C]`` / ``k_rows [B, R, C, W]`` index the flat q and k/v."""
+def _weights(scores, valid, head, n_heads, activation, sigmoid_bias):
+    """``[B, R, C, W]`` weights of the cells' scores under ``activation``, softmax and
+    softmax1 normalised over all cells of a (row, head) (a segmented softmax)."""
+    if activation == "sigmoid":
+        return torch.sigmoid(scores + sigmoid_bias).masked_fill(~valid, 0.0)
+    b, r = scores.shape[:2]
+    scores = scores.masked_fill(~valid, float("-inf"))
+    head_max = scores.new_full((b, r, n_heads), float("-inf"))
+    head_max = head_max.scatter_reduce(-1, head, scores.amax(-1), "amax").detach()
+    if activation == "softmax1":  # the shift max(max, 0) keeps exp(-shift) finite
+        head_max = head_max.clamp_min(0.0)
+    shift = head_max.nan_to_num(neginf=0.0)
+    e = torch.exp(scores - shift.gather(-1, head)[..., None]).masked_fill(~valid, 0.0)
+    total = e.new_zeros(b, r, n_heads).scatter_add(-1, head, e.sum(-1))
+    if activation == "softmax1":
+        total = total + torch.exp(-shift)
+    return e / total.gather(-1, head).clamp_min(torch.finfo(e.dtype).tiny)[..., None]
+
+
+def _chunk(q_flat, k_flat, v_flat, q_rows, k_rows, head, valid, row_scale, n_heads, scale,
+           activation, sigmoid_bias, score_bias=None, rows=None, key_index=None):
+    """One chunk: ``q_rows [B, R, C]`` / ``k_rows [B, R, C, W]`` index the flat q and k/v;
+    ``score_bias`` (a :data:`BiasFn`) is evaluated at query indices ``rows [1, R, 1]`` and
+    key positions ``key_index [B, R, C, W]``."""
     b, r, c, w = k_rows.shape
     q_c = q_flat.index_select(0, q_rows.reshape(-1)).view(b, r, c, -1)
     k_g = k_flat.index_select(0, k_rows.reshape(-1)).view(b, r, c, w, -1)
     scores = torch.einsum("brcd,brcwd->brcw", q_c, k_g) * scale
-    scores = scores.masked_fill(~valid, float("-inf"))
-    cell_max = scores.amax(-1)
-    head_max = cell_max.new_full((b, r, n_heads), float("-inf"))
-    head_max = head_max.scatter_reduce(-1, head, cell_max, "amax")
-    shift = head_max.gather(-1, head).nan_to_num(neginf=0.0).detach()
-    e = torch.exp(scores - shift[..., None]).masked_fill(~valid, 0.0)
-    total = e.new_zeros(b, r, n_heads).scatter_add(-1, head, e.sum(-1))
-    p = e / total.gather(-1, head).clamp_min(torch.finfo(e.dtype).tiny)[..., None]
+    if score_bias is not None:
+        batch = torch.arange(b, device=scores.device).view(b, 1, 1, 1)
+        scores = scores + score_bias(batch, head[..., None], rows[..., None], key_index)
+    p = _weights(scores, valid, head, n_heads, activation, sigmoid_bias)
     if row_scale is not None:
         p = p * row_scale.gather(-1, head)[..., None]
     v_g = v_flat.index_select(0, k_rows.reshape(-1)).view(b, r, c, w, -1)
@@ -51,12 +71,15 @@ def _chunk(q_flat, k_flat, v_flat, q_rows, k_rows, head, valid, row_scale, n_hea
 def cell_attention(
     q: Tensor, k: Tensor, v: Tensor, cell_head: Tensor, key_index: Tensor, key_valid: Tensor,
     *, scale: float, row_scale: Tensor | None = None, query_chunk: int | None = None,
+    score_bias: BiasFn | None = None, activation: str = "softmax", sigmoid_bias: float = 0.0,
 ) -> Tensor:
-    """Exact softmax attention of each query row over its cells' keys, per head.
+    """Exact attention of each query row over its cells' keys, per head.
 
-    ``out[b, h, t] = row_scale[b, h, t] * sum softmax(scale * q[b, h, t] . k_j) v_j`` over the
-    keys ``j`` of the row's cells whose head is ``h`` (query head h reads key/value head
-    ``h // (H // Hk)``). A head with no cell in a row outputs 0.
+    ``out[b, h, t] = row_scale[b, h, t] * sum act(scale * q[b, h, t] . k_j + bias) v_j``
+    over the keys ``j`` of the row's cells whose head is ``h`` (query head h reads key/value
+    head ``h // (H // Hk)``), ``bias = score_bias(b, h, t, j)`` (0 without one), ``act`` the
+    score ``activation`` (:mod:`attnlab.ops.attention.activations`) over those keys. A head
+    with no cell in a row outputs 0.
 
     Args:
         q: ``[B, H, Tq, D]``; k: ``[B, Hk, Tk, D]``; v: ``[B, Hk, Tk, Dv]``.
@@ -67,10 +90,15 @@ def cell_attention(
         key_valid: bool ``[B, Tq, C, W]``.
         row_scale: ``[B, H, Tq]`` multiplier of the probabilities, or None.
         query_chunk: rows per chunk; None = about :data:`SLOTS_PER_CHUNK` / (B C W) rows.
+        score_bias: :data:`~attnlab.ops.attention.bias.BiasFn` over query rows ``0..Tq-1``
+            and key positions, evaluated only at the cells' keys; or None.
+        activation, sigmoid_bias: ``"softmax"``, ``"softmax1"`` or ``"sigmoid"`` (with its
+            bias).
     Returns:
         ``[B, H, Tq, Dv]`` in q's dtype (computed in at least float32).
     """
     check_cell_inputs(q, k, v, cell_head, key_index, key_valid, row_scale)
+    check_activation(activation)
     b, h, t_q, d = q.shape
     hk, t_k = k.shape[1], k.shape[2]
     dt = torch.promote_types(q.dtype, torch.float32)
@@ -83,13 +111,16 @@ def cell_attention(
     head = cell_head.long()
     q_rows = (batch * h + head) * t_q + rows
     kv_head = (batch * hk + head // (h // hk)) * t_k
-    k_rows = kv_head[..., None] + torch.where(key_valid, key_index.long(), 0)
+    keys = torch.where(key_valid, key_index.long(), 0)
+    k_rows = kv_head[..., None] + keys
     scale_rows = None if row_scale is None else row_scale.to(dt).transpose(1, 2)  # [B, Tq, H]
     pieces = []
     for start in range(0, t_q, chunk):
         sl = slice(start, start + chunk)
         args = (q_flat, k_flat, v_flat, q_rows[:, sl], k_rows[:, sl], head[:, sl],
-                key_valid[:, sl], None if scale_rows is None else scale_rows[:, sl], h, scale)
+                key_valid[:, sl], None if scale_rows is None else scale_rows[:, sl], h, scale,
+                activation, sigmoid_bias,
+                *(() if score_bias is None else (score_bias, rows[:, sl], keys[:, sl])))
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                         or (row_scale is not None and row_scale.requires_grad)):
             pieces.append(checkpoint(_chunk, *args, use_reentrant=False))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnlab.ops.attention.activations import attention_weights
+from attnlab.ops.attention.bias import BiasFn, dense_bias
 from attnlab.ops.attention.masks import expand_kv_heads
 from attnlab.ops.sparse_attention.validation import check_cell_inputs, check_sparse_inputs
 
@@ -48,16 +50,18 @@ def cell_mask(cell_head: Tensor, key_index: Tensor, key_valid: Tensor, n_heads: 
 
 
 def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, scale: float,
-                     row_scale: Tensor | None) -> Tensor:
-    """Dense softmax attention under a ``[B, H, Tq, Tk]`` bool mask (rows with no key give
-    0), times ``row_scale``; the shared reference of the sparse paths. At least float32."""
+                     row_scale: Tensor | None, score_bias: Tensor | None = None,
+                     activation: str = "softmax", sigmoid_bias: float = 0.0) -> Tensor:
+    """Dense attention under a ``[B, H, Tq, Tk]`` bool mask (rows with no key give 0), times
+    ``row_scale``, with an additive ``score_bias`` broadcastable to the scores and the score
+    ``activation``; the shared reference of the sparse paths. At least float32."""
     n_heads = q.shape[1]
     dt = torch.promote_types(q.dtype, torch.float32)
     k, v = expand_kv_heads(k, n_heads).to(dt), expand_kv_heads(v, n_heads).to(dt)
-    empty = ~mask.any(-1, keepdim=True)
     scores = (q.to(dt) @ k.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~mask, float("-inf")).masked_fill(empty, 0.0)
-    out = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0) @ v
+    if score_bias is not None:
+        scores = scores + score_bias.to(dt)
+    out = attention_weights(scores, mask, activation, sigmoid_bias) @ v
     if row_scale is not None:
         out = out * row_scale.to(dt).unsqueeze(-1)
     return out.to(q.dtype)
@@ -65,9 +69,15 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, scale: fl
 
 def cell_attention_naive(
     q: Tensor, k: Tensor, v: Tensor, cell_head: Tensor, key_index: Tensor, key_valid: Tensor,
-    *, scale: float, row_scale: Tensor | None = None,
+    *, scale: float, row_scale: Tensor | None = None, score_bias: BiasFn | None = None,
+    activation: str = "softmax", sigmoid_bias: float = 0.0,
 ) -> Tensor:
-    """Reference: the cells' dense mask and masked softmax attention. O(Tq * Tk) memory."""
+    """Reference: the cells' dense mask and masked attention (``score_bias`` evaluated over
+    every pair). O(Tq * Tk) memory."""
     check_cell_inputs(q, k, v, cell_head, key_index, key_valid, row_scale)
-    mask = cell_mask(cell_head, key_index, key_valid, q.shape[1], k.shape[-2])
-    return masked_attention(q, k, v, mask, scale=scale, row_scale=row_scale)
+    b, h, t_q, _ = q.shape
+    mask = cell_mask(cell_head, key_index, key_valid, h, k.shape[-2])
+    bias = None if score_bias is None else dense_bias(
+        score_bias, b, h, torch.arange(t_q, device=q.device), k.shape[-2])
+    return masked_attention(q, k, v, mask, scale=scale, row_scale=row_scale, score_bias=bias,
+                            activation=activation, sigmoid_bias=sigmoid_bias)

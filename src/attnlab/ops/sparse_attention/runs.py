@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnlab.ops.attention.bias import BiasFn
 from attnlab.ops.sparse_attention import native
 from attnlab.ops.sparse_attention.cells import cell_attention
 from attnlab.ops.sparse_attention.naive import cell_attention_naive
@@ -72,8 +73,9 @@ def run_attention(
     q: Tensor, k: Tensor, v: Tensor, cell_head: Tensor, cell_lo: Tensor, cell_count: Tensor,
     cell_width: Tensor, *, scale: float, row_scale: Tensor | None = None,
     rank_to_pos: Tensor | None = None, query_chunk: int | None = None, validate: bool = True,
+    score_bias: BiasFn | None = None, activation: str = "softmax", sigmoid_bias: float = 0.0,
 ) -> Tensor:
-    """Exact softmax attention of each query row over its runs' keys, per head.
+    """Exact attention of each query row over its runs' keys, per head.
 
     Same result as :func:`~attnlab.ops.sparse_attention.cell_attention` on the expanded runs
     (:func:`run_keys`): per (row, head) a softmax over the keys of that head's runs, times
@@ -90,6 +92,10 @@ def run_attention(
         query_chunk: rows per chunk of the PyTorch path (see ``cell_attention``).
         validate: check the runs (shapes, ranges: a few passes over them); a caller that built
             them itself, like the SEA core, may skip this.
+        score_bias: additive bias over (batch, head, query row, key position), evaluated at
+            the runs' keys (see ``cell_attention``; the native kernel takes none); or None.
+        activation, sigmoid_bias: the score activation (the native kernel computes
+            ``softmax`` only).
     Returns:
         ``[B, H, Tq, Dv]`` in q's dtype.
     Raises:
@@ -98,23 +104,26 @@ def run_attention(
     if validate:
         _check_runs(q, k, cell_head, cell_lo, cell_count, cell_width, rank_to_pos)
     tensors = [q, k, v] + ([] if row_scale is None else [row_scale])
-    if native.supports(*tensors):
+    if score_bias is None and activation == "softmax" and native.supports(*tensors):
         return native.run_attention_native(
             q, k, v, cell_head, cell_lo, cell_count, cell_width, scale=scale,
             row_scale=row_scale, rank_to_pos=rank_to_pos,
         )
     index, valid = run_keys(cell_lo, cell_width, cell_count, rank_to_pos)
     return cell_attention(q, k, v, cell_head, index, valid, scale=scale, row_scale=row_scale,
-                          query_chunk=query_chunk)
+                          query_chunk=query_chunk, score_bias=score_bias,
+                          activation=activation, sigmoid_bias=sigmoid_bias)
 
 
 def run_attention_naive(
     q: Tensor, k: Tensor, v: Tensor, cell_head: Tensor, cell_lo: Tensor, cell_count: Tensor,
     cell_width: Tensor, *, scale: float, row_scale: Tensor | None = None,
-    rank_to_pos: Tensor | None = None,
+    rank_to_pos: Tensor | None = None, score_bias: BiasFn | None = None,
+    activation: str = "softmax", sigmoid_bias: float = 0.0,
 ) -> Tensor:
-    """Reference of :func:`run_attention`: the runs' dense mask and masked softmax."""
+    """Reference of :func:`run_attention`: the runs' dense mask and masked attention."""
     _check_runs(q, k, cell_head, cell_lo, cell_count, cell_width, rank_to_pos)
     index, valid = run_keys(cell_lo, cell_width, cell_count, rank_to_pos)
     return cell_attention_naive(q, k, v, cell_head, index, valid, scale=scale,
-                                row_scale=row_scale)
+                                row_scale=row_scale, score_bias=score_bias,
+                                activation=activation, sigmoid_bias=sigmoid_bias)
