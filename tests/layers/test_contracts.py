@@ -2,18 +2,22 @@
 
 Every registered core x position scheme (parts registered later, your own included, are
 covered by registering them) is built into a float64 layer; a combination the registry
-refuses must be refused at config time with a message naming what would work. Each built
-layer is then checked for causality, cached decoding = full pass, padding invariance,
-gradients against finite differences, and bad input.
+refuses must be refused at config time with a message naming what would work. A core whose
+options take a score ``activation`` runs once per activation it accepts (``sdpa:sigmoid``).
+Each built layer is then checked for causality, cached decoding = full pass, padding
+invariance, gradients against finite differences, and bad input.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from attnlab.config import ConfigError
+from attnlab.config import ConfigError, PartSpec
 from attnlab.layers import CORES, POSITIONS, Attention, AttentionConfig, LayerContext
+from attnlab.ops.attention.activations import ACTIVATIONS
 
 F64 = torch.float64
 D_MODEL, HEADS, T = 32, 4, 12
@@ -27,16 +31,40 @@ SMALL_OPTIONS = {
 """Options that make each sparse core really sparse at ``T`` tokens (others: defaults)."""
 
 
+def core_spec(core: str) -> dict:
+    """``"name"`` or ``"name:activation"`` -> the core's config."""
+    name, _, activation = core.partition(":")
+    return {"name": name, **SMALL_OPTIONS.get(name, {}),
+            **({"activation": activation} if activation else {})}
+
+
+def core_variants() -> list[str]:
+    """Every core, and each non-default score activation its options accept."""
+    variants = []
+    for name in CORES.names():
+        variants.append(name)
+        if "activation" not in {f.name for f in dataclasses.fields(CORES.get(name).options)}:
+            continue
+        for activation in ACTIVATIONS[1:]:
+            try:
+                CORES.options(PartSpec(name, {"activation": activation}))
+            except ConfigError:  # e.g. flex has no sigmoid form
+                continue
+            variants.append(f"{name}:{activation}")
+    return variants
+
+
 def combinations() -> list[tuple[str, str]]:
-    return [(core, pos) for core in CORES.names() for pos in POSITIONS.names()]
+    return [(core, pos) for core in core_variants() for pos in POSITIONS.names()]
 
 
 def build(core: str, positions: str, causal: bool = True, projections: str = "dense"):
-    """A float64 eval-mode layer, or None when the registry refuses the combination (after
-    checking that the refusal names what would work)."""
+    """A float64 eval-mode layer of ``core`` (see :func:`core_spec`), or None when the
+    registry refuses the combination (after checking that the refusal names what would
+    work)."""
     try:
         cfg = AttentionConfig(n_heads=HEADS, projections=projections, positions=positions,
-                              core={"name": core, **SMALL_OPTIONS.get(core, {})})
+                              core=core_spec(core))
         ctx = LayerContext(d_model=D_MODEL, n_heads=HEADS, causal=causal, max_seq_len=64)
         torch.manual_seed(0)
         layer = Attention(ctx, cfg)
@@ -97,7 +125,7 @@ def test_left_padding_does_not_change_real_tokens(core, positions):
                      key_padding_mask=mask).hidden[:, 3:] for seed in (2, 3)]
     torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=1e-12)  # nothing leaks
     relative = positions in ("rope", "xl", "alibi")
-    if relative and not CORES.trait(core, "approximate"):
+    if relative and not CORES.trait(core_spec(core)["name"], "approximate"):
         # exact functions of the relative scores: a shift by the padding changes nothing
         torch.testing.assert_close(outputs[0], layer(x).hidden, rtol=0, atol=1e-10)
 

@@ -109,10 +109,11 @@ def test_left_padded_cached_decoding_equals_full_pass_and_the_unpadded_rows(infe
                                                       (None, "alibi")])
 def test_long_prefill_in_row_blocks_equals_one_pass(monkeypatch, n_kv_heads, positions):
     """A causal prefill longer than PREFILL_ROWS runs in blocks continuing the decoding
-    state: the same output and state as one pass, left padding and score biases included."""
+    state: the same output and state as one pass, left padding and score biases included
+    (on the sparse path, as a long prefill runs: the native kernel, ALiBi included)."""
     import attnlab.layers.sea.core as sea_module
 
-    layer = make_layer(n_kv_heads=n_kv_heads, positions=positions)
+    layer = make_layer(n_kv_heads=n_kv_heads, positions=positions, attention_path="sparse")
     x = torch.randn(2, 30, 32, dtype=F64)
     mask = torch.ones(2, 30, dtype=torch.bool)
     mask[1, :6] = False

@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 
+from attnlab.ops.attention.bias import DistanceBias
 from attnlab.ops.sea import cell_runs
 from attnlab.ops.sparse_attention import (
     cell_attention,
@@ -63,6 +64,41 @@ def test_cell_runs_are_the_bins_capped_at_k():
     lo, width, count = cell_runs(bins, keep, lengths, n_bins=4, cap=2)
     assert (lo.tolist(), width.tolist(), count.tolist()) == ([[[0, 5, 8]]], [[[3, 3, 2]]],
                                                              [[[2, 2, 0]]])
+
+
+def _alibi(h, t, dtype, symmetric):
+    """ALiBi's penalty over token positions 7..7+t (queries and keys alike)."""
+    positions = torch.arange(7, 7 + t, dtype=dtype)
+    slopes = torch.tensor([0.5, 0.25, 0.05, 0.0], dtype=dtype)[:h]
+    return DistanceBias(slopes, positions, positions, symmetric=symmetric)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [F64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_native_kernel_adds_alibi_penalties(monkeypatch, dtype, symmetric):
+    """An ALiBi-form bias (DistanceBias) runs in the native kernel and matches the reference,
+    which evaluates it as a function; it changes the result."""
+    b, h, t = 2, 4, 24
+    q, k, v = _qkv(b, h, 2, t, dtype=dtype)
+    head, lo, count, width = _random_runs(b, h, t, c=5)
+    r2p = _rank_to_pos(b, t)
+    bias = _alibi(h, t, torch.float64 if dtype == F64 else torch.float32, symmetric)
+    calls = []
+    real = native.run_attention_native
+    monkeypatch.setattr(native, "run_attention_native",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    with torch.no_grad():
+        out = run_attention(q, k, v, head, lo, count, width, scale=0.3, rank_to_pos=r2p,
+                            score_bias=bias)
+    assert calls
+    ref = run_attention_naive(q.double(), k.double(), v.double(), head, lo, count, width,
+                              scale=0.3, rank_to_pos=r2p, score_bias=_alibi(h, t, F64, symmetric))
+    tolerance = {F64: 1e-13, torch.float32: 1e-6, torch.bfloat16: torch.finfo(dtype).eps}
+    assert_close("native", ref, out, tolerance[dtype])
+    plain = run_attention_naive(q.double(), k.double(), v.double(), head, lo, count, width,
+                                scale=0.3, rank_to_pos=r2p)
+    assert (ref - plain).abs().max() > 1e-2
 
 
 @needs_native

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnlab.ops.attention.bias import DistanceBias, offset_queries
 from attnlab.ops.sea import selected_attention, selected_attention_naive
 from attnlab.ops.sparse_attention import native
 from attnlab.utils.testing import assert_close
@@ -130,6 +131,28 @@ def test_score_activations_on_the_selected_keys(dense, activation):
     softmax = selected_attention_naive(q, k, v, ranking, lengths, 6, scale=0.3,
                                        rank_to_pos=r2p, row_scale=row_scale)
     assert (ref - softmax).abs().max() > 1e-2
+
+
+@pytest.mark.skipif(not native.available(), reason="no C++ compiler")
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_the_native_kernel_selects_and_attends_with_alibi(monkeypatch, symmetric):
+    """ALiBi's form (DistanceBias) stays on the native kernel, queries offset as in a later
+    block of rows, and matches the reference."""
+    q, k, v, ranking, lengths, r2p, row_scale = _inputs()
+    bias = DistanceBias(torch.tensor([0.3, 0.1, 0.05, 0.0], dtype=F64),
+                        torch.arange(300, dtype=F64)[-60:], torch.arange(300, dtype=F64),
+                        symmetric=symmetric)
+    bias = offset_queries(bias, 20)  # the last 40 of 60 queries
+    calls = []
+    real = native.select_attention_native
+    monkeypatch.setattr(native, "select_attention_native",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    kw = dict(scale=0.3, rank_to_pos=r2p, row_scale=row_scale, score_bias=bias)
+    with torch.no_grad():
+        out = selected_attention(q, k, v, ranking, lengths, 20, causal=True, **kw)
+    assert calls
+    assert_close("native", selected_attention_naive(q, k, v, ranking, lengths, 20, **kw), out,
+                 1e-13)
 
 
 @pytest.mark.parametrize("dense", [False, True])

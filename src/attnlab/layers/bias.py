@@ -3,8 +3,10 @@
 A position scheme that biases attention scores returns a :class:`ScoreBias`: one elementwise
 function of broadcastable index tensors, with the softmax scale already folded in. Each core
 evaluates it where it needs it: densely over a whole ``[B, H, Tq, Tk]`` block (``sdpa``,
-``eager``), at the query/key positions of one block (``window``), or inside a fused kernel as
-a FlexAttention ``score_mod`` (``flex``); the ``[Tq, Tk]`` matrix need not exist.
+``eager``), at the query/key positions of one block (``window``), at each row's selected keys
+(``sea``), or inside a fused kernel as a FlexAttention ``score_mod`` (``flex``); the
+``[Tq, Tk]`` matrix need not exist. ``fn`` may be a structured form a kernel computes itself
+(:class:`~attnlab.ops.attention.bias.DistanceBias`, ALiBi's).
 """
 
 from __future__ import annotations

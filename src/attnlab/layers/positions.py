@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from attnlab.layers.base import LayerContext, Positions, init_linear_
 from attnlab.layers.bias import ScoreBias
 from attnlab.layers.registry import POSITIONS, NoOptions
+from attnlab.ops.attention.bias import DistanceBias
 
 
 class NoPositions(Positions):
@@ -197,13 +198,8 @@ class AlibiPositions(Positions):
         self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor, scale: float,
         qk_prescale: float,
     ) -> ScoreBias:
-        slopes = self.slopes.to(q.dtype)
-        causal = self.causal
-
-        def bias(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-            distance = (q_positions[i] - k_positions[j]).to(slopes.dtype)
-            return -slopes[h] * (distance if causal else distance.abs())
-
+        bias = DistanceBias(self.slopes.to(q.dtype), q_positions, k_positions,
+                            symmetric=not self.causal)
         return ScoreBias(bias, 1, q.shape[1], q.shape[-2], k.shape[-2], q.device)
 
 

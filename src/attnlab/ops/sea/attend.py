@@ -3,8 +3,8 @@ decompression into runs of keys (at most ``cap`` per bin), softmax (or another s
 activation) over those keys per head.
 
 :func:`selected_attention` runs it in one native CPU kernel when it can (``group="heads"``,
-CPU float32, float64 or bfloat16, no autograd, softmax with no score bias: selection and
-attention per row, nothing materialised) and otherwise as
+CPU float32, float64 or bfloat16, no autograd, softmax with no score bias or ALiBi's:
+selection and attention per row, nothing materialised) and otherwise as
 :func:`~attnlab.ops.sea.select_cell_list` + :func:`~attnlab.ops.sea.cell_runs` +
 :func:`~attnlab.ops.sparse_attention.run_attention` over blocks of rows;
 :func:`selected_attention_naive` is the dense-mask reference.
@@ -25,6 +25,7 @@ from attnlab.ops.sparse_attention import (
     run_attention_naive,
     run_keys,
 )
+from attnlab.ops.sparse_attention.runs import native_bias
 
 # Query rows whose cells are selected and attended together on the PyTorch path: the cell
 # lists (and the top-k) are padded to the fullest row of a block, so a block must hold rows of
@@ -69,7 +70,8 @@ def selected_attention(
         query_chunk: rows per gather of the PyTorch sparse path (None = automatic).
         threads: the native kernel's threads (None: torch's), at most one per row.
         score_bias: additive bias over (batch, head, query row ``0..Tq-1``, key position),
-            evaluated only at the selected keys (the native kernel takes none); or None.
+            evaluated only at the selected keys (the native kernel takes a
+            :class:`~attnlab.ops.attention.bias.DistanceBias`, ALiBi's form, only); or None.
         activation, sigmoid_bias: the score activation over the selected keys
             (:mod:`attnlab.ops.attention.activations`; the native kernel computes ``softmax``).
     Returns:
@@ -77,11 +79,11 @@ def selected_attention(
     """
     tensors = [q, k, v, ranking] + ([] if row_scale is None else [row_scale])
     weighting = {"activation": activation, "sigmoid_bias": sigmoid_bias}
-    if (score_bias is None and activation == "softmax" and not dense and group == "heads"
+    if (native_bias(score_bias) and activation == "softmax" and not dense and group == "heads"
             and native.supports(*tensors)):
         return native.select_attention_native(
             q, k, v, ranking, lengths, k_per_head, cap=k_per_head, scale=scale,
-            row_scale=row_scale, rank_to_pos=rank_to_pos, threads=threads,
+            row_scale=row_scale, rank_to_pos=rank_to_pos, threads=threads, distance=score_bias,
         )
     n_bins = ranking.shape[-1]
     out = []

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnlab.ops.attention.bias import DistanceBias
 from attnlab.utils.io import default_cache_dir
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,8 @@ def _library() -> ctypes.CDLL | None:
         logger.warning("native CPU kernel unavailable, using the PyTorch path: %s", err)
         return None
     i64, ptr, dbl, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double, ctypes.c_int
-    inputs = [ptr] * 8 + [i64] * 7 + [dbl]  # q k v rank_to_pos row_scale out ks vs, shapes
+    # q k v rank_to_pos row_scale out ks vs, shapes, scale, slopes q_pos k_pos, symmetric
+    inputs = [ptr] * 8 + [i64] * 7 + [dbl] + [ptr] * 3 + [i32]
     for suffix in DTYPES.values():
         run = getattr(lib, f"attnlab_run_attention_{suffix}")
         run.argtypes = inputs + [ptr] * 4 + [i64] * 2 + [i32]
@@ -125,7 +127,8 @@ def _threads(threads: int | None, rows: int) -> int:
 
 
 def _common_inputs(q: Tensor, k: Tensor, v: Tensor, row_scale: Tensor | None,
-                   rank_to_pos: Tensor | None, scale: float) -> tuple[Tensor, list, list]:
+                   rank_to_pos: Tensor | None, scale: float, distance: DistanceBias | None
+                   ) -> tuple[Tensor, list, list]:
     """(output ``[B, H, Tq, Dv]``, the leading arguments both kernels take, the tensors they
     point to: the caller keeps them referenced while the kernel runs)."""
     lib = _library()
@@ -141,19 +144,25 @@ def _common_inputs(q: Tensor, k: Tensor, v: Tensor, row_scale: Tensor | None,
     r2p = None if rank_to_pos is None else rank_to_pos.to(torch.int64).contiguous()
     rs = None if row_scale is None else row_scale.to(COMPUTE[q.dtype]).contiguous()
     out = q.new_empty(b, h, t_q, d_v)
+    penalty = [None] * 3
+    if distance is not None:
+        penalty = [x.to(COMPUTE[q.dtype]).contiguous()
+                   for x in (distance.slopes, distance.q_positions, distance.k_positions)]
     args = [_ptr(q), _ptr(k), _ptr(v), _ptr(r2p), _ptr(rs), _ptr(out), *strides,
-            b, h, hk, t_q, t_k, d, d_v, float(scale)]
-    return out, args, [q, k, v, r2p, rs]
+            b, h, hk, t_q, t_k, d, d_v, float(scale), *(_ptr(x) for x in penalty),
+            int(distance is not None and distance.symmetric)]
+    return out, args, [q, k, v, r2p, rs, *penalty]
 
 
 def run_attention_native(
     q: Tensor, k: Tensor, v: Tensor, cell_head: Tensor, cell_lo: Tensor, cell_count: Tensor,
     cell_width: Tensor, *, scale: float, row_scale: Tensor | None,
-    rank_to_pos: Tensor | None,
+    rank_to_pos: Tensor | None, distance: DistanceBias | None = None,
 ) -> Tensor:
     """The kernel on validated inputs (see :func:`~attnlab.ops.sparse_attention.run_attention`);
-    callers check :func:`supports` first. Returns ``[B, H, Tq, Dv]``."""
-    out, args, _alive = _common_inputs(q, k, v, row_scale, rank_to_pos, scale)
+    callers check :func:`supports` first. ``distance``: an ALiBi-form score bias, or None.
+    Returns ``[B, H, Tq, Dv]``."""
+    out, args, _alive = _common_inputs(q, k, v, row_scale, rank_to_pos, scale, distance)
     cells = [x.to(torch.int64).contiguous() for x in (cell_head, cell_lo, cell_count, cell_width)]
     width = int(cells[2].max()) if cells[2].numel() else 0
     getattr(_library(), f"attnlab_run_attention_{DTYPES[q.dtype]}")(
@@ -166,13 +175,14 @@ def run_attention_native(
 def select_attention_native(
     q: Tensor, k: Tensor, v: Tensor, ranking: Tensor, lengths: Tensor, k_per_head: int, *,
     cap: int, scale: float, row_scale: Tensor | None, rank_to_pos: Tensor | None,
-    threads: int | None = None,
+    threads: int | None = None, distance: DistanceBias | None = None,
 ) -> Tensor:
     """SEA's grouped (across heads) top-k selection and the attention over it in one kernel
     (see :func:`~attnlab.ops.sea.selected_attention`); callers check :func:`supports` first.
     ranking ``[B, H, Tq, K]``, lengths ``[B, Tq]``; ``threads``: OpenMP threads (None:
-    torch's), at most one per row. Returns ``[B, H, Tq, Dv]``."""
-    out, args, _alive = _common_inputs(q, k, v, row_scale, rank_to_pos, scale)
+    torch's), at most one per row; ``distance``: an ALiBi-form score bias, or None. Returns
+    ``[B, H, Tq, Dv]``."""
+    out, args, _alive = _common_inputs(q, k, v, row_scale, rank_to_pos, scale, distance)
     ranking = ranking.to(COMPUTE[q.dtype]).contiguous()
     lengths = lengths.to(torch.int64).contiguous()
     getattr(_library(), f"attnlab_select_attention_{DTYPES[q.dtype]}")(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.ops.attention.bias import BiasFn
+from attnlab.ops.attention.bias import BiasFn, DistanceBias
 from attnlab.ops.sparse_attention import native
 from attnlab.ops.sparse_attention.cells import cell_attention
 from attnlab.ops.sparse_attention.naive import cell_attention_naive
@@ -42,6 +42,11 @@ def run_keys(
     if rank_to_pos is not None:
         ranks = rank_to_pos.gather(-1, ranks.flatten(1)).view_as(ranks)
     return ranks, valid
+
+
+def native_bias(score_bias: BiasFn | None) -> bool:
+    """Whether the native kernel can add this score bias: none, or ALiBi's form."""
+    return score_bias is None or isinstance(score_bias, DistanceBias)
 
 
 def _check_runs(q: Tensor, k: Tensor, head: Tensor, lo: Tensor, count: Tensor, width: Tensor,
@@ -93,7 +98,8 @@ def run_attention(
         validate: check the runs (shapes, ranges: a few passes over them); a caller that built
             them itself, like the SEA core, may skip this.
         score_bias: additive bias over (batch, head, query row, key position), evaluated at
-            the runs' keys (see ``cell_attention``; the native kernel takes none); or None.
+            the runs' keys (see ``cell_attention``; the native kernel takes a
+            :class:`~attnlab.ops.attention.bias.DistanceBias` only); or None.
         activation, sigmoid_bias: the score activation (the native kernel computes
             ``softmax`` only).
     Returns:
@@ -104,10 +110,10 @@ def run_attention(
     if validate:
         _check_runs(q, k, cell_head, cell_lo, cell_count, cell_width, rank_to_pos)
     tensors = [q, k, v] + ([] if row_scale is None else [row_scale])
-    if score_bias is None and activation == "softmax" and native.supports(*tensors):
+    if native_bias(score_bias) and activation == "softmax" and native.supports(*tensors):
         return native.run_attention_native(
             q, k, v, cell_head, cell_lo, cell_count, cell_width, scale=scale,
-            row_scale=row_scale, rank_to_pos=rank_to_pos,
+            row_scale=row_scale, rank_to_pos=rank_to_pos, distance=score_bias,
         )
     index, valid = run_keys(cell_lo, cell_width, cell_count, rank_to_pos)
     return cell_attention(q, k, v, cell_head, index, valid, scale=scale, row_scale=row_scale,

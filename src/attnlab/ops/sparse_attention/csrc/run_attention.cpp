@@ -4,7 +4,9 @@
 // the width[c] ranks starting at lo[c]: slot o < count reads rank lo + floor(o * width / count)
 // (lo + o when count == width), mapped to a key position through rank_to_pos[b] when given.
 // Per (row, head) the softmax runs over all keys of that head's cells (online, cell by cell);
-// the result is times row_scale[b, h, t]; a head with no key outputs 0.
+// the result is times row_scale[b, h, t]; a head with no key outputs 0. With slopes given, each
+// score gets ALiBi's linear distance penalty -slopes[h] * (q_pos[t] - k_pos[key]) (|distance|
+// when symmetric) before the softmax.
 //
 // Two entry points share that per-row attention:
 // * run_attention: the runs are given (head, lo, count, width per cell);
@@ -90,6 +92,10 @@ struct Inputs {
   const int64_t* vs;
   int64_t B, H, Hk, Tq, Tk, D, Dv;
   C scale;
+  const C* slopes;  // [H], or null: no distance penalty
+  const C* q_pos;   // [Tq]
+  const C* k_pos;   // [Tk]
+  int symmetric;
 };
 
 // Online softmax of one query row over runs of keys, per head (scratch reused across rows).
@@ -153,6 +159,13 @@ class RowAttention {
       score[o + 3] = in.scale * a3;
     }
     for (; o < n; ++o) score[o] = in.scale * dot(qr, kh + pos_[o] * in.ks[2], in.D);
+    if (in.slopes) {
+      const T slope = in.slopes[h], qp = in.q_pos[t_];
+      for (o = 0; o < n; ++o) {
+        const T distance = qp - in.k_pos[pos_[o]];
+        score[o] -= slope * (in.symmetric ? std::abs(distance) : distance);
+      }
+    }
     T cell_top = none();
     for (o = 0; o < n; ++o) cell_top = score[o] > cell_top ? score[o] : cell_top;
     T* a = acc_.data() + h * in.Dv;
@@ -283,9 +296,13 @@ extern "C" {
 #define ATTNLAB_INPUTS(S, T)                                                                   \
   const S *q, const S *k, const S *v, const int64_t *rank_to_pos, const T *row_scale, S *out, \
       const int64_t *ks, const int64_t *vs, int64_t B, int64_t H, int64_t Hk, int64_t Tq,      \
-      int64_t Tk, int64_t D, int64_t Dv, double scale
-#define ATTNLAB_PACK(S, T) \
-  Inputs<S, T> { q, k, v, rank_to_pos, row_scale, out, ks, vs, B, H, Hk, Tq, Tk, D, Dv, T(scale) }
+      int64_t Tk, int64_t D, int64_t Dv, double scale, const T *slopes, const T *q_pos,       \
+      const T *k_pos, int symmetric
+#define ATTNLAB_PACK(S, T)                                                                  \
+  Inputs<S, T> {                                                                            \
+    q, k, v, rank_to_pos, row_scale, out, ks, vs, B, H, Hk, Tq, Tk, D, Dv, T(scale), slopes, \
+        q_pos, k_pos, symmetric                                                             \
+  }
 
 #define ATTNLAB_ENTRY_POINTS(SUFFIX, S, T)                                                    \
   void attnlab_run_attention_##SUFFIX(ATTNLAB_INPUTS(S, T), const int64_t* head,             \
