@@ -8,8 +8,8 @@ call ``[batch, heads, T, d_head]`` (forward, inference) through:
 * ``eager+bias``: the explicit reference (scores, bias, softmax, all materialised);
 * ``flex+bias``: the ``flex`` core, the bias as FlexAttention's ``score_mod`` (compiled);
 * ``sea``, ``sea+bias``: the ``sea`` core (default options, untrained estimator) without and
-  with the bias, which it adds at its selected keys only (and which moves it off its native
-  kernel onto the PyTorch sparse path).
+  with the bias, which it adds at its selected keys only (ALiBi inside its native kernel;
+  other biases move it onto the PyTorch sparse path).
 
 Each candidate builds its own bias from q and k in every call (Transformer-XL's ``q . R``
 table is part of its cost). The first ``flex`` call at each length compiles the kernel; its

@@ -40,7 +40,6 @@ def attention_weights(
         if mask is not None:
             weights = weights.masked_fill(~mask, 0.0)
         return weights.to(scores.dtype)
-
     if mask is not None:
         wide = wide.masked_fill(~mask, float("-inf"))
     if activation == "softmax":
