@@ -11,6 +11,7 @@ from attnlab.config import ConfigError, PartSpec
 from attnlab.distill import StudentMismatch, distill, load_distill_config
 from attnlab.distill.record import LayerRecorder, attention_targets, model_cores
 from attnlab.distill.student import extend_context, init_student, student_config
+from attnlab.layers import CORES
 from attnlab.train import load_run_config, train
 from attnlab.train.run import load_run
 
@@ -132,3 +133,20 @@ def test_cli_distill(teacher, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["steps"] == 2
     assert main(["distill", "--teacher", str(tmp_path / "nope"), "--out",
                  str(tmp_path / "x"), "--quiet"]) == 2
+
+
+STUDENT_OPTIONS = {"sea": SEA, "reformer": {"name": "reformer", "bucket_size": 8},
+                   "window": {"name": "window", "sinks": 1, "window": 8},
+                   "oracle": {"name": "oracle", "k": 4}}
+
+
+@pytest.mark.parametrize("core", CORES.names())
+def test_every_student_core_distils_and_writes_a_summary(teacher, tmp_path, core):
+    """With the default settings (the long-context evaluation at twice the length included),
+    a student of every registered core trains, evaluates and writes its summary."""
+    summary = distill(_cfg(teacher, steps=2, student_attention=STUDENT_OPTIONS.get(core, core)),
+                      tmp_path / core, progress=False)
+    assert json.loads((tmp_path / core / "summary.json").read_text()) == summary
+    assert summary["student_ppl"] > 0
+    long = summary["long_context"]
+    assert long["seq_len"] == 64 and ("skipped" in long or long["student_ppl"] > 0)

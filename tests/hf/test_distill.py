@@ -21,6 +21,7 @@ from attnlab.config import ConfigError
 from attnlab.distill import distill, load_distill_config
 from attnlab.distill.hf import HFTokenizer, open_hf_pair, sentence_embeddings
 from attnlab.hf.positions import trained_length
+from attnlab.layers import CORES
 from attnlab.train import CheckpointError
 from tests.hf.models import TOKENIZER_VOCAB, save_model
 
@@ -235,3 +236,22 @@ def test_smollm2_gguf_teacher_distils(tmp_path):
     summary = distill(cfg, tmp_path / "smollm2", progress=False)
     assert summary["model_type"] == "llama" and 5 < summary["teacher_ppl"] < 40
     assert summary["student_ppl"] > 0
+
+
+HF_STUDENT_OPTIONS = {"sea": SEA, "reformer": {"name": "reformer", "bucket_size": 4},
+                      "window": {"name": "window", "sinks": 1, "window": 4},
+                      "oracle": {"name": "oracle", "k": 4}}
+
+
+@pytest.mark.parametrize("core", CORES.names())
+def test_every_student_core_distils_a_hf_teacher_and_writes_a_summary(llama, cfg, tmp_path,
+                                                                       core):
+    """With the default settings (the long-context evaluation included), a student of every
+    registered core distils from a Hugging Face teacher and writes its summary."""
+    out = tmp_path / core
+    summary = distill(cfg(llama, steps=2, student_attention=HF_STUDENT_OPTIONS.get(core, core)),
+                      out, progress=False)
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert summary["student_ppl"] > 0
+    long = summary["long_context"]
+    assert long["seq_len"] == 32 and ("skipped" in long or long["student_ppl"] > 0)

@@ -83,7 +83,10 @@ def extend_context(model: DecoderLM, factor: int) -> DecoderLM:
     elif positions.name not in ("learned", "none"):
         raise ConfigError(f"positions '{positions.name}' cannot be interpolated; "
                           "supported: rope, learned, none")
-    cfg.attention = dataclasses.replace(cfg.attention)
+    core = cfg.attention.core
+    pinned = model.blocks[0].attn.core.derived_options()  # every layer's core is alike
+    cfg.attention = dataclasses.replace(
+        cfg.attention, core=PartSpec(core.name, {**core.options, **pinned}))
     state = model.state_dict()
     for key, value in state.items():
         if key.endswith("position_table"):

@@ -167,3 +167,9 @@ class AttentionCore(nn.Module):
         """Which of the ``n_keys`` keys (``[B, Tk]`` mask, True = real) a decoding cache must
         keep for later queries: ``[n]`` increasing column indices, or None for all of them."""
         return None
+
+    def derived_options(self) -> dict[str, Any]:
+        """Options this core derived from its context (e.g. from ``max_seq_len``) that shape
+        its state: a rebuild at another length with these pinned loads this core's state
+        dict (default: none)."""
+        return {}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -83,6 +84,10 @@ class ReformerCore(AttentionCore):
         self.redraw_rotations = options.redraw_rotations
         n_buckets = options.n_buckets or default_n_buckets(ctx.max_seq_len, options.bucket_size)
         self.register_buffer("rotations", draw_rotations(options.n_hashes, ctx.d_head, n_buckets))
+
+    def derived_options(self) -> dict[str, Any]:
+        """``n_buckets`` (the rotations' shape), derived from ``max_seq_len`` when unset."""
+        return {"n_buckets": 2 * self.rotations.shape[-1]}
 
     def extra_repr(self) -> str:
         return (

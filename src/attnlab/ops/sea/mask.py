@@ -7,10 +7,12 @@ per row, stretched over that row's own keys: bin ``b`` covers ranks
 (``torch.round`` rounds half to even, which moves 2.7 % of SEA's bins).
 
 Per rank, with ``c = (r + 0.5) * K / L_t``, those edges put rank ``r`` in bin
-``ceil(c) - 1``. The floor-of-centre rule ``floor(c)`` (SEA's dense path) agrees except at
-exact ties, ``c`` an integer (``(2r + 1) K = 2 m L_t``, e.g. ``L_t = 96, K = 64, r = 1``),
-where it takes the next bin. :func:`rank_bins` and :func:`dense_mask_reference` follow the
-edges, so the reference and :func:`decompress` agree exactly; tests check both facts.
+``ceil(c) - 1``. The plain floor-of-centre rule ``floor(c)`` would differ at exact ties,
+``c`` an integer (``(2r + 1) K = 2 m L_t``, e.g. ``L_t = 96, K = 64, r = 1``), taking the
+next bin; SEA's code computes ``floor(c - 1e-4)``, which sends those ties to the lower bin as
+the edges do (it can differ only where ``c`` lies within 1e-4 above an integer without being
+one, which needs ``L_t > 5000``). :func:`rank_bins` and :func:`dense_mask_reference` follow
+the edges, so the reference and :func:`decompress` agree exactly; tests check both facts.
 
 All arithmetic on edges is exact integer arithmetic.
 """
