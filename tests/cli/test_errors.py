@@ -80,6 +80,13 @@ def test_malformed_student_yaml(tmp_path, capsys):
                        "--student-attention", "{name: sea, k:"], capsys, "not valid YAML")
 
 
+def test_an_unknown_distillation_recipe(tmp_path, capsys):
+    out = tmp_path / "s"
+    assert_user_error(["distill", "--teacher", tmp_path, "--out", out, "--recipe", "paper"],
+                      capsys, "unknown recipe 'paper'", "'sea-paper'")
+    assert not out.exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a GPU")
 def test_a_device_the_machine_lacks(config, run_dir, tmp_path, capsys):
     assert_user_error(["train", "--config", config, "--out", tmp_path / "r", "--set",

@@ -150,3 +150,14 @@ def test_every_student_core_distils_and_writes_a_summary(teacher, tmp_path, core
     assert summary["student_ppl"] > 0
     long = summary["long_context"]
     assert long["seq_len"] == 64 and ("skipped" in long or long["student_ppl"] > 0)
+
+
+@pytest.mark.parametrize("student", ["performer", "reformer"])
+def test_the_sea_paper_recipe_distils_the_baselines(teacher, tmp_path, student):
+    out = tmp_path / student
+    summary = distill(_cfg(teacher, steps=2, recipe="sea-paper", student_attention=student),
+                      out, progress=False)
+    assert summary["student_ppl"] > 0
+    saved = load_distill_config(out / "distill.yaml").distill
+    assert (saved.recipe, saved.lr, saved.pretrained_lr_mult, saved.context_weight) == (
+        "sea-paper", 1e-5, 1.0, 0.0)

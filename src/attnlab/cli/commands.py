@@ -43,6 +43,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
         overrides.insert(0, f"distill.gguf_file={json.dumps(args.gguf_file)}")
     if args.student_attention:
         overrides.insert(0, f"distill.student_attention={args.student_attention}")
+    if args.recipe:
+        overrides.insert(0, f"distill.recipe={json.dumps(args.recipe)}")
     source = args.config or (folder.config_path if args.resume else None)
     cfg = load_distill_config(source, overrides)
     summary = distill(cfg, folder.path, resume=args.resume, progress=not args.quiet)

@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--student-attention", default=None, metavar="CORE",
                    help="student attention core: a name (sea, performer, reformer) or YAML "
                         "with options, e.g. '{name: sea, k: 16, predictor_length: 32}'")
+    p.add_argument("--recipe", default=None, metavar="NAME",
+                   help="whose defaults fill unset keys: attnlab (default) or sea-paper (SEA's "
+                        "public code: lr 1e-5, pretrained weights at 1x, its baselines' "
+                        "settings)")
     p.add_argument("--config", default=None, help="YAML with distill: and data: sections")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override, e.g. steps=200 (= distill.steps) or data.corpus=wiki")

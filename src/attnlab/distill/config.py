@@ -17,6 +17,7 @@ from typing import Any
 
 from attnlab.config import PartSpec, apply_override, from_dict, load_yaml
 from attnlab.data.config import DataConfig
+from attnlab.distill.recipes import RECIPES, apply_recipe
 
 
 @dataclasses.dataclass
@@ -29,8 +30,11 @@ class DistillConfig:
     ``query_skip``: the SEA inference settings evaluated after training (None = k/2, k, 2k).
     ``long_context``: also evaluate teacher and student at this multiple of ``seq_len``
     (attnlab: after position interpolation; Hugging Face: within the model's own positions,
-    else recorded as skipped; 1 = skip)."""
+    else recorded as skipped; 1 = skip). ``context_weight``: weight of the attention-output
+    MSE inside the attention term. ``recipe``: whose defaults fill the unset keys
+    (:mod:`attnlab.distill.recipes`: ``attnlab`` or ``sea-paper``)."""
 
+    recipe: str = "attnlab"
     teacher: str = ""
     gguf_file: str | None = None
     student_attention: PartSpec = PartSpec("sea")
@@ -47,6 +51,7 @@ class DistillConfig:
     hidden_weight: float = 5.0
     logits_weight: float = 0.2
     attention_weight: float = 1.0
+    context_weight: float = 1.0
     eval_every: int = 100
     eval_tokens: int = 32768
     final_eval_tokens: int | None = 131072
@@ -65,11 +70,14 @@ class DistillConfig:
                                                 "distill.student_attention")
 
     def validate(self) -> None:
+        if self.recipe not in RECIPES:
+            raise ValueError(f"recipe must be one of {list(RECIPES)}, got {self.recipe!r}")
         for name in ("steps", "batch_size", "eval_batch_size", "log_every", "long_context"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "eval_every", "ckpt_every", "grad_clip", "weight_decay",
-                     "ce_weight", "hidden_weight", "logits_weight", "attention_weight"):
+                     "ce_weight", "hidden_weight", "logits_weight", "attention_weight",
+                     "context_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0 or self.new_lr_mult <= 0 or self.pretrained_lr_mult < 0:
@@ -93,8 +101,11 @@ def load_distill_config(path: str | Path | None = None,
                         overrides: Sequence[str] = (),
                         base: dict[str, Any] | None = None) -> DistillRunConfig:
     """From a YAML file (or ``base``), then ``key.path=value`` overrides (``distill.k=...``,
-    ``data.corpus=...``)."""
+    ``data.corpus=...``), then the recipe's defaults for what is still unset."""
     data = load_yaml(path) if path is not None else dict(base or {})
     for assignment in overrides:
         apply_override(data, assignment)
+    section = data.setdefault("distill", {})
+    if isinstance(section, dict):  # anything else: from_dict says what is wrong
+        apply_recipe(section)
     return from_dict(DistillRunConfig, data)

@@ -45,10 +45,11 @@ def distill_loss(d: DistillConfig, student: Forward,
                  teacher: Forward) -> tuple[torch.Tensor, dict[str, float]]:
     """SEA's weighted loss and its parts (floats) for one batch: ``ce_weight * CE +
     hidden_weight * mean MSE(hidden) + logits_weight * KL(logits) + attention_weight *
-    (the cores' terms + mean MSE(context))``; CE and KL only where the models have logits."""
+    (the cores' terms + context_weight * mean MSE(context))``; CE and KL only where the models
+    have logits."""
     hidden = _mean_mse(student.hidden, teacher.hidden)
     context = _mean_mse(student.context, teacher.context)
-    attention = sum(student.aux.values(), torch.zeros(())) + context
+    attention = sum(student.aux.values(), torch.zeros(())) + d.context_weight * context
     total = d.hidden_weight * hidden + d.attention_weight * attention
     parts = {"hidden": hidden.item(), "context": context.item()}
     if student.ce is not None:

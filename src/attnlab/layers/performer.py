@@ -23,6 +23,7 @@ from attnlab.ops.performer import PerformerState, orthogonal_gaussian, performer
 logger = logging.getLogger(__name__)
 
 KERNELS = ("auto", "softmax", "relu")
+FEATURE_RULES = ("performer", "sea")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +33,10 @@ class PerformerOptions:
     * ``kernel``: ``"softmax"`` (FAVOR+ positive random features, estimates softmax
       attention), ``"relu"`` (generalised kernel ``ReLU(x W^T) + 1e-3``) or ``"auto"`` (relu
       when causal, softmax otherwise, as in SEA).
-    * ``n_features``: random features ``m``; None = ``int(d_head * ln(d_head))`` (at least 1).
+    * ``n_features``: random features ``m``; None = the ``feature_rule``'s count.
+    * ``feature_rule``: the default count: ``"performer"`` (``int(d_head * ln(d_head))``, at
+      least 1) or ``"sea"`` (SEA's estimator's: an eighth of that when causal, 33 at
+      ``d_head = 64``; the same when bidirectional), e.g. for a baseline with SEA's budget.
     * ``redraw_every``: draw a new projection before every ``N``-th training-mode forward after
       the first ``N`` (calls ``1..N`` use the initial one, ``N+1..2N`` the next, ...); 0 = never.
     * ``chunk_size``: causal chunk length of the prefix-sum computation (64 measured fastest
@@ -43,10 +47,14 @@ class PerformerOptions:
     n_features: int | None = None
     redraw_every: int = 0
     chunk_size: int = 64
+    feature_rule: str = "performer"
 
     def validate(self) -> None:
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {list(KERNELS)}, got {self.kernel!r}")
+        if self.feature_rule not in FEATURE_RULES:
+            raise ValueError(f"feature_rule must be one of {list(FEATURE_RULES)}, got "
+                             f"{self.feature_rule!r}")
         if self.n_features is not None and self.n_features < 1:
             raise ValueError(f"n_features must be >= 1 (or null for the default), got "
                              f"{self.n_features}")
@@ -56,9 +64,11 @@ class PerformerOptions:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
 
 
-def default_n_features(d_head: int) -> int:
-    """``int(d_head * ln(d_head))``, the Performer default, at least 1."""
-    return max(1, int(d_head * math.log(d_head)))
+def default_n_features(d_head: int, causal: bool = True, rule: str = "performer") -> int:
+    """``int(d_head * ln(d_head))``, the Performer default, at least 1; ``rule="sea"``:
+    SEA's estimator's count, ``d_head * ln(d_head) / 8`` when ``causal``."""
+    divisor = 8 if rule == "sea" and causal else 1
+    return max(1, int(d_head * math.log(d_head) / divisor))
 
 
 @dataclasses.dataclass
@@ -99,7 +109,8 @@ class PerformerCore(AttentionCore):
         self.kernel = kernel
         self.chunk_size = options.chunk_size
         self.redraw_every = options.redraw_every
-        n_features = options.n_features or default_n_features(ctx.d_head)
+        n_features = options.n_features or default_n_features(ctx.d_head, ctx.causal,
+                                                              options.feature_rule)
         self.register_buffer("projection", orthogonal_gaussian(n_features, ctx.d_head))
         self.register_buffer("train_calls", torch.zeros((), dtype=torch.long))
         self.projection_version = 0  # bumped by every redraw; decoding states remember it

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.layers.base import LayerContext
-from attnlab.layers.performer import PerformerCore, PerformerCoreState, PerformerOptions
+from attnlab.layers.performer import (
+    PerformerCore,
+    PerformerCoreState,
+    PerformerOptions,
+    default_n_features,
+)
 from attnlab.layers.sea.cnn import CNN_CONTEXT_ROWS, BidirectionalCNN, CausalCNN, cat_row_masks
 from attnlab.layers.sea.options import SEAOptions
 from attnlab.ops.attention.masks import expand_kv_heads
@@ -70,9 +74,7 @@ class SEAEstimator(nn.Module):
         d, h, n_bins = ctx.d_head, ctx.n_heads, options.predictor_length
         self.causal = ctx.causal
         self.n_heads, self.n_bins = h, n_bins
-        n_features = options.n_features
-        if n_features is None:
-            n_features = max(1, int(d * math.log(d) / (8 if ctx.causal else 1)))
+        n_features = options.n_features or default_n_features(d, ctx.causal, "sea")
         self.performer = PerformerCore(
             ctx, PerformerOptions(options.kernel, n_features, options.redraw_every)
         )
