@@ -1,8 +1,10 @@
-"""The README's "your own variant" example, run as a user would: its code block saved as a
-module, loaded with ``attnlab --plugin``, trained next to SwitchHead projections."""
+"""The README's examples, run as a user would: "your own variant" (its code block saved as a
+module, loaded with ``attnlab --plugin``, trained next to SwitchHead projections) and SEA's
+token importance (on a small SEA run)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import sys
@@ -18,10 +20,10 @@ from tests.helpers import dump_config
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def example_code() -> str:
+def example_code(name: str = "own-variant") -> str:
     text = README.read_text()
-    match = re.search(r"<!-- example: own-variant -->\n```python\n(.*?)```", text, re.S)
-    assert match, "the README lost its own-variant example"
+    match = re.search(rf"<!-- example: {name} -->\n```python\n(.*?)```", text, re.S)
+    assert match, f"the README lost its {name} example"
     return match.group(1)
 
 
@@ -65,3 +67,15 @@ def test_a_registered_variant_trains_from_the_cli(plugin, tiny_run_config, tmp_p
 def test_an_unknown_plugin_is_one_line(capsys):
     assert main(["--plugin", "no_such_variants", "macs", "--config", "tiny"]) == 2
     assert "--plugin no_such_variants: cannot import it" in capsys.readouterr().err
+
+
+def test_the_token_importance_example_runs(tiny_run_config, tmp_path, capsys):
+    from attnlab.train import load_run_config, train
+
+    cfg = tiny_run_config(steps=2, eval_every=0, final_eval_tokens=512)
+    cfg["model"]["attention"]["core"] = {"name": "sea", "k": 4, "predictor_length": 8}
+    train(load_run_config(base=cfg), tmp_path / "sea", progress=False)
+    code = example_code("token-importance").replace('"runs/sea"', repr(str(tmp_path / "sea")))
+    exec(compile(code, "README token-importance example", "exec"), {})
+    top = ast.literal_eval(capsys.readouterr().out.strip())
+    assert len(top) == 5 and all(isinstance(token, str) for token in top)

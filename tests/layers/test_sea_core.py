@@ -253,15 +253,57 @@ def test_key_padding_has_no_influence():
     torch.testing.assert_close(a[mask], b[mask], rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
-def test_right_padded_batch_equals_the_unpadded_rows(causal):
-    layer = make_layer(causal)
+@pytest.mark.parametrize(("causal", "group"), [(True, "heads"), (False, "heads"),
+                                               (False, "batch")],
+                         ids=["causal", "bidir", "bidir-batch"])
+def test_right_padded_batch_equals_the_unpadded_rows(causal, group):
+    """Padding changes no real token (with the batch top-k, padded rows take no budget)."""
+    layer = make_layer(causal, topk_group=group)
     x = torch.randn(2, 20, 32, dtype=F64)
     mask = torch.ones(2, 20, dtype=torch.bool)
     mask[1, 13:] = False
     batch = layer(x, key_padding_mask=mask).hidden
     alone = layer(x[1:, :13]).hidden
     torch.testing.assert_close(batch[1:, :13], alone, rtol=0, atol=1e-10)
+
+
+def test_batch_topk_is_bidirectional_only():
+    with pytest.raises(ConfigError, match="'batch' ranks a sample's cells across rows"):
+        make_layer(True, topk_group="batch")
+    layer = make_layer(False, topk_group="batch", k=2)
+    x = torch.randn(2, 20, 32, dtype=F64)
+    assert torch.isfinite(layer(x).hidden).all()
+
+
+def test_the_bidirectional_output_norm_spans_the_concatenated_heads():
+    """output: norm is SEA's LayerNorm over H * d_head; norm_head one over d_head."""
+    q, k, v = qkv(b=1, t=12)
+    core = make_core(False, output="norm", gate_init=60.0, k=64)  # every key, gates open
+    assert core.output_norm.normalized_shape == (4 * 8,)
+    mixed = softmax_attention(q, k, v, scale=0.3, causal=False)
+    joined = mixed.transpose(1, 2).reshape(1, 12, 32)
+    expected = torch.nn.functional.layer_norm(joined, (32,)).view(1, 12, 4, 8).transpose(1, 2)
+    assert_close("norm", expected + mixed, core(q, k, v, scale=0.3).out, 1e-10)
+    assert make_core(False, output="norm_head").output_norm.normalized_shape == (8,)
+    assert make_core(False).output_norm.normalized_shape == (32,)  # auto: norm
+
+
+def test_bidirectional_kl_is_divided_by_the_real_tokens():
+    """SEA's BERT form: the attention loss's KL summed over heads and keys, divided by the
+    batch's real tokens (not by B * H * T rows as the causal batchmean)."""
+    q, k, v = qkv(b=2, t=10)
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[1, 7:] = False
+    hidden = ~mask[:, None, None, :]
+    target = torch.softmax(torch.randn(2, 4, 10, 10, dtype=F64).masked_fill(hidden, -torch.inf),
+                           -1)
+    core = make_core(False).train()
+    core.teacher_probs = target
+    got = core(q, k, v, scale=0.3, key_padding_mask=mask).aux["sea_attention"] * core.n_layers
+    logp = torch.log_softmax((q @ k.transpose(-1, -2) * 0.3).masked_fill(hidden, -torch.inf), -1)
+    kl = torch.where(target > 0, target * (target.log() - logp), 0.0).sum() / 17
+    mse = (logp.exp() - target).square().mean()
+    torch.testing.assert_close(got, 0.1 * kl + mse, rtol=1e-10, atol=0)
 
 
 def test_query_skip_reuses_the_estimate_of_the_earliest_row():

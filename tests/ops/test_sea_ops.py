@@ -113,6 +113,26 @@ def test_grouped_topk_picks_the_best_cells_within_the_row_budget():
     assert torch.equal(per_head.sum(-1), budget[:, None].expand(b, h, t))
 
 
+def test_batch_topk_picks_a_samples_best_cells_across_rows_and_heads():
+    """``group="batch"``: each sample's H k K best non-negative cells of all rows and heads
+    (a dense sort of the whole sample is the reference); rows get uneven shares."""
+    gen = torch.Generator().manual_seed(1)
+    b, h, t, n_bins, k = 2, 3, 20, 8, 2
+    probs = torch.rand(b, h, t, n_bins, generator=gen, dtype=F64)
+    probs[1, :, 15:] = -1.0  # padded rows of sample 1 select nothing
+    chosen = select_cells(probs, torch.full((b, t), 40), k, group="batch")
+    for i in range(b):
+        flat = probs[i].flatten()
+        order = flat.argsort(descending=True)[: h * k * n_bins]
+        expected = torch.zeros_like(flat, dtype=torch.bool)
+        expected[order[flat[order] >= 0]] = True
+        assert torch.equal(chosen[i].flatten(), expected)
+    assert chosen.sum((1, 2, 3)).tolist() == [h * k * n_bins] * 2
+    assert not chosen[1, :, 15:].any()
+    per_row = chosen.sum((1, 3))
+    assert per_row.max() > per_row.float().mean() > 0  # allocated freely across rows
+
+
 def test_empty_cells_are_never_selected():
     probs = torch.rand(1, 2, 5, 8)
     probs[..., 4:] = -1.0  # empty bins
@@ -191,3 +211,15 @@ def test_estimate_loss_is_zero_at_the_target_and_has_gradients():
     # a row with nothing visible adds nothing
     empty = attention_distill_loss(torch.full((1, 3), float("-inf")), torch.zeros(1, 3))
     assert empty == 0
+
+
+def test_the_kl_can_be_divided_by_real_tokens_instead_of_rows():
+    """SEA's bidirectional form: the summed KL over ``kl_rows`` (the real tokens), so with H
+    heads of T rows it is H * T / kl_rows times the batchmean's."""
+    gen = torch.Generator().manual_seed(4)
+    student = torch.randn(2, 3, 5, 5, generator=gen, dtype=F64)
+    target = torch.softmax(torch.randn(2, 3, 5, 5, generator=gen, dtype=F64), -1)
+    mse = (torch.softmax(student, -1) - target).square().mean()
+    batchmean = attention_distill_loss(student, target) - mse
+    per_token = attention_distill_loss(student, target, kl_rows=8) - mse
+    torch.testing.assert_close(per_token, batchmean * (2 * 3 * 5) / 8)

@@ -79,7 +79,7 @@ def test_native_kernel_reads_a_reserved_cache_view_in_place():
     assert_close("views", ref, out, 1e-13)
 
 
-@pytest.mark.parametrize("group", ["heads", "head"])
+@pytest.mark.parametrize("group", ["heads", "head", "batch"])
 @pytest.mark.parametrize("dense", [False, True])
 def test_pytorch_paths_match_reference_forward_and_gradients(group, dense):
     q, k, v, ranking, lengths, r2p, row_scale = _inputs(t_q=70, t_k=70)  # 2 row blocks

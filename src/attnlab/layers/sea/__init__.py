@@ -19,12 +19,14 @@ Causal decoding carries a state whose size does not grow with the keys, so a ste
 reads only the new keys and its attention only the selected ones (see :mod:`.decoding`).
 
 Files: ``options`` (:class:`SEAOptions`), ``cnn`` (the decoders), ``estimator`` (Performer +
-encoder + CNN), ``decoding`` (key ranks, the decoding state) and ``core`` (:class:`SEACore`).
+encoder + CNN), ``decoding`` (key ranks, the decoding state), ``core`` (:class:`SEACore`) and
+``estimates`` (reading a model's estimated attention: :func:`record_estimates`).
 """
 
 from attnlab.layers.sea.cnn import BidirectionalCNN, CausalCNN
 from attnlab.layers.sea.core import SEACore
 from attnlab.layers.sea.decoding import SEAState
+from attnlab.layers.sea.estimates import SEAEstimate, record_estimates
 from attnlab.layers.sea.estimator import EstimatorState, SEAEstimator
 from attnlab.layers.sea.options import SEAOptions
 
@@ -33,7 +35,9 @@ __all__ = [
     "CausalCNN",
     "EstimatorState",
     "SEACore",
+    "SEAEstimate",
     "SEAEstimator",
     "SEAOptions",
     "SEAState",
+    "record_estimates",
 ]

@@ -8,10 +8,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from attnlab.config import ConfigError
 from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
 from attnlab.layers.bias import ScoreBias
 from attnlab.layers.registry import CORES
 from attnlab.layers.sea.decoding import SEAState, key_layout
+from attnlab.layers.sea.estimates import SEAEstimate
 from attnlab.layers.sea.estimator import SEAEstimator
 from attnlab.layers.sea.options import DENSE_PATH_MAX_KEYS, SEAOptions
 from attnlab.ops.attention.activations import share_logits
@@ -59,10 +61,14 @@ class SEACore(AttentionCore):
         # A teacher's attention [B, H, Tq, Tk] for this layer during distillation (set around
         # one forward by attnlab.distill); in training mode it replaces the self-target.
         self.teacher_probs: Tensor | None = None
+        # Where this core appends its estimates while attnlab.layers.sea.record_estimates
+        # is active (None: not recording).
+        self.estimate_sink: list[SEAEstimate] | None = None
         output = options.output
         if output == "auto":
             output = "mix" if ctx.causal else "norm"
-        self.output_norm = nn.LayerNorm(ctx.d_head) if output == "norm" else None
+        widths = {"norm": ctx.n_heads * ctx.d_head, "norm_head": ctx.d_head}
+        self.output_norm = nn.LayerNorm(widths[output]) if output in widths else None
         self.estimator = SEAEstimator(ctx, options)
         self.n_bins = options.predictor_length
         self.activation = options.activation
@@ -149,8 +155,13 @@ class SEACore(AttentionCore):
             state=None if usable is None else usable.estimator,
         )
         probs = self._estimate_probs(logits, lengths)
+        if self.estimate_sink is not None:
+            self.estimate_sink.append(SEAEstimate(probs.detach().clamp_min(0), lengths,
+                                                  rank_to_pos, t_k))
         gates = torch.sigmoid(scalers.to(probs.dtype))
         ranking = self._ranking(probs)
+        if not self.causal and key_padding_mask is not None:  # padded rows select nothing
+            ranking = ranking.masked_fill(~key_padding_mask[:, None, -t_q:, None], -1.0)
         path = self.attention_path
         if path == "auto":
             path = "dense" if t_k <= DENSE_PATH_MAX_KEYS else "sparse"
@@ -175,7 +186,7 @@ class SEACore(AttentionCore):
         new_state = None
         if estimator_state is not None:
             new_state = SEAState(estimator_state, layout.n_real, value_sum, t_k)
-        out = mixed if self.output_norm is None else self.output_norm(mixed) + mixed
+        out = mixed if self.output_norm is None else self._normed(mixed) + mixed
         aux = {}
         if self.training and self.teacher_probs is not None:
             aux = self._distill_losses(q, k, scale, key_padding_mask, bias, rank_to_pos,
@@ -188,7 +199,7 @@ class SEACore(AttentionCore):
                     probs = torch.softmax(dense, -1,
                                           dtype=torch.promote_types(dense.dtype, torch.float32))
                 target = self._by_rank(probs.nan_to_num(0.0), rank_to_pos)
-                return estimate_loss(logits, lengths, target)
+                return estimate_loss(logits, lengths, target, self._kl_rows(q, key_padding_mask))
 
             aux["sea_estimate"] = self.loss_weight * _recomputed(self_target_loss, q, k, logits)
         return CoreOutput(out.to(q.dtype), aux, new_state)
@@ -207,16 +218,33 @@ class SEACore(AttentionCore):
             raise ValueError(f"teacher_probs must be [B, H, Tq, Tk] = {list(expected)}, got "
                              f"{list(teacher.shape)}")
         teacher = teacher / teacher.sum(-1, keepdim=True).clamp_min(torch.finfo(teacher.dtype).tiny)
+        kl_rows = self._kl_rows(q, key_mask)
 
         def losses(q: Tensor, k: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
             dense = self._share_logits(q, k, scale, key_mask, bias)
             dense = dense.masked_fill(~torch.isfinite(dense).any(-1, keepdim=True), 0.0)
-            return (estimate_loss(logits, lengths, self._by_rank(teacher, rank_to_pos)),
-                    attention_distill_loss(dense, teacher))
+            return (estimate_loss(logits, lengths, self._by_rank(teacher, rank_to_pos), kl_rows),
+                    attention_distill_loss(dense, teacher, kl_rows))
 
         estimate, attention = _recomputed(losses, q, k, logits)
         weight = 1.0 / self.n_layers
         return {"sea_estimate": weight * estimate, "sea_attention": weight * attention}
+
+    def _kl_rows(self, q: Tensor, key_mask: Tensor | None) -> int | None:
+        """What the losses' KL is divided by: every row when causal ("batchmean"), the real
+        query tokens when bidirectional (SEA's BERT form: the heads' KLs add up)."""
+        if self.causal:
+            return None
+        t_q = q.shape[-2]
+        return q.shape[0] * t_q if key_mask is None else int(key_mask[:, -t_q:].sum())
+
+    def _normed(self, x: Tensor) -> Tensor:
+        """``output_norm`` of ``[B, H, T, D]``: over the concatenated heads, or per head."""
+        if self.output_norm.normalized_shape[0] == x.shape[-1]:
+            return self.output_norm(x)
+        b, h, t, d = x.shape
+        joined = self.output_norm(x.transpose(1, 2).reshape(b, t, h * d))
+        return joined.view(b, t, h, d).transpose(1, 2)
 
     def _estimate_probs(self, logits: Tensor, lengths: Tensor) -> Tensor:
         """Softmax over each row's non-empty bins (empty bins get -1, never selected), in at
@@ -284,4 +312,8 @@ def _recomputed(fn, *tensors: Tensor):
                 tunable_inference=True, learns_attention=True)
 def _sea(ctx: LayerContext, options: SEAOptions, dropout: float) -> SEACore:
     """SEA: exact attention on a Performer+CNN-estimated sparse mask (linear in T)."""
+    if ctx.causal and options.topk_group == "batch":
+        raise ConfigError("the sea core's topk_group 'batch' ranks a sample's cells across "
+                          "rows, so a row's keys would depend on later rows: bidirectional "
+                          "only; a causal model takes 'heads' or 'head'")
     return SEACore(ctx, options)

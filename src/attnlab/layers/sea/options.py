@@ -8,7 +8,7 @@ from attnlab.layers.cores import ScoreOptions
 from attnlab.layers.performer import PerformerOptions
 from attnlab.ops.sea import GROUPS
 
-OUTPUTS = ("auto", "mix", "norm")
+OUTPUTS = ("auto", "mix", "norm", "norm_head")
 PATHS = ("auto", "sparse", "dense")
 # Keys up to which the "auto" path attends through a dense masked matrix: measured on the
 # 2-core dev box, training configs/tiny/cores/sea.yaml (T = 256, 8 heads, batch 8) ran at
@@ -23,7 +23,9 @@ class SEAOptions:
     * ``k``: keys per head the budget is sized for (a row gets about ``H * k`` keys). May be
       changed at inference without retraining (dynamic k: :meth:`SEACore.set_inference`).
     * ``predictor_length``: ``K``, bins of the compressed estimate (a multiple of 4).
-    * ``topk_group``: ``"heads"`` (rank a row's ``H * K`` cells jointly, SEA's causal default)
+    * ``topk_group``: ``"heads"`` (rank a row's ``H * K`` cells jointly, SEA's causal default),
+      ``"batch"`` (rank a sample's ``H * T * K`` cells jointly, budget ``H * k * K``: SEA's
+      bidirectional default; bidirectional only)
       or ``"head"`` (each head's ``K`` cells with budget ``k * K / L_t``).
     * ``n_features``: Performer random features; None = ``d ln d / 8`` when causal (SEA's
       OPT setting), ``d ln d`` otherwise (BERT). ``kernel``: as the ``performer`` core
@@ -31,8 +33,10 @@ class SEAOptions:
       projection redraw period in training calls (0 = never).
     * ``query_skip``: run the encoder/CNN on every s-th query row only and reuse its estimate
       for the next ``s - 1`` rows (switchable at inference).
-    * ``output``: ``"mix"`` (sigmoid(s1) mix only), ``"norm"`` (then ``LayerNorm(o) + o``, SEA's
-      BERT form) or ``"auto"`` (mix when causal, norm otherwise).
+    * ``output``: ``"mix"`` (sigmoid(s1) mix only), ``"norm"`` (then ``LayerNorm(o) + o`` with
+      the LayerNorm over the concatenated heads, ``H * d_head``: SEA's BERT form),
+      ``"norm_head"`` (the same with one LayerNorm over ``d_head`` shared by the heads) or
+      ``"auto"`` (mix when causal, norm otherwise).
     * ``gate_init``: initial bias of the two scaler logits ``s0, s1``. 0 (SEA's) starts both
       gates near 0.5, halving the attention and mixing in the average context; e.g. 4
       (sigmoid = 0.98) starts a model converted from a pretrained one at its teacher's

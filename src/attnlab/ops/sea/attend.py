@@ -62,7 +62,8 @@ def selected_attention(
             negative, never picked); lengths: ``[B, Tq]`` keys visible to each row (``L_t``).
         k_per_head: the budget's keys per head, also the cap of keys per bin.
         causal: how the PyTorch path groups rows of similar length.
-        group: ``"heads"`` or ``"head"`` (see :func:`~attnlab.ops.sea.select_cell_list`).
+        group: ``"heads"``, ``"head"`` or ``"batch"`` (see
+            :func:`~attnlab.ops.sea.select_cell_list`).
         row_scale: ``[B, H, Tq]`` multiplier of the probabilities, or None.
         rank_to_pos: ``[B, Tk]`` key position of each rank, or None (identity).
         dense: attend through the selection's dense ``[B, H, rows, Tk]`` mask (SEA's training
@@ -86,10 +87,16 @@ def selected_attention(
             row_scale=row_scale, rank_to_pos=rank_to_pos, threads=threads, distance=score_bias,
         )
     n_bins = ranking.shape[-1]
+    # "batch" ranks all rows of a sample together: select once, then attend by blocks
+    whole = None if group != "batch" else select_cell_list(ranking, lengths, k_per_head,
+                                                           group=group)
     out = []
     for rows in row_blocks(q.shape[-2], k.shape[-2], causal):
-        head, bins, keep = select_cell_list(ranking[..., rows, :], lengths[:, rows],
-                                            k_per_head, group=group)
+        if whole is None:
+            head, bins, keep = select_cell_list(ranking[..., rows, :], lengths[:, rows],
+                                                k_per_head, group=group)
+        else:
+            head, bins, keep = (x[:, rows] for x in whole)
         lo, width, count = cell_runs(bins, keep, lengths[:, rows], n_bins, cap=k_per_head)
         scale_rows = None if row_scale is None else row_scale[..., rows]
         if dense:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-GROUPS = ("heads", "head")
+GROUPS = ("heads", "head", "batch")
 
 
 def bin_edges(lengths: Tensor, n_bins: int) -> Tensor:
@@ -64,14 +64,21 @@ def select_cell_list(
         k: keys per head the budget is sized for.
         group: ``"heads"`` ranks a row's ``H * K`` cells jointly across heads with budget
             ``H * k * K / L_t`` (so heads get uneven shares, possibly none: SEA's causal
-            default); ``"head"`` ranks each head's ``K`` cells with budget ``k * K / L_t``.
+            default); ``"head"`` ranks each head's ``K`` cells with budget ``k * K / L_t``;
+            ``"batch"`` ranks all ``H * T * K`` cells of a sample jointly with budget
+            ``H * k * K`` cells (SEA's bidirectional default: keys allocated freely across
+            rows and heads, on average ``H * k`` keys per row when every row sees the same
+            ``L`` keys; a row's selection then depends on every other row, so it is for
+            bidirectional attention only). Rows to leave out get a negative ``probs``.
     Returns:
         (head, bin, keep), each ``[B, T, C]``: the row's candidate cells, padded to the
-        largest budget; ``keep`` marks the selected ones (head/bin of the others are valid
-        indices but meaningless).
+        largest budget (``"batch"``: to the most cells any row got); ``keep`` marks the
+        selected ones (head/bin of the others are valid indices but meaningless).
     """
     if group not in GROUPS:
         raise ValueError(f"group must be one of {list(GROUPS)}, got {group!r}")
+    if group == "batch":
+        return _select_across_rows(probs, k)
     b, h, t, n_bins = probs.shape
     # never more cells than the row has non-empty bins (L_t < K leaves some empty): the
     # selection is the same, and the padded cell list stays short for short rows
@@ -95,6 +102,21 @@ def select_cell_list(
         return index // n_bins, index % n_bins, keep
     heads = torch.arange(h, device=flat.device).view(1, h, 1, 1).expand_as(index)
     return tuple(x.permute(0, 2, 1, 3).reshape(b, t, h * m) for x in (heads, index, keep))
+
+
+def _select_across_rows(probs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``group="batch"`` of :func:`select_cell_list`: each sample's top ``H * k * K``
+    non-negative cells of all rows, listed per row."""
+    b, h, t, n_bins = probs.shape
+    flat = probs.reshape(b, h * t * n_bins)
+    budget = min(h * k * n_bins, flat.shape[-1])
+    values, index = flat.topk(budget, dim=-1)
+    chosen = torch.zeros_like(flat, dtype=torch.bool)
+    chosen.scatter_(-1, index, values >= 0)
+    by_row = chosen.view(b, h, t, n_bins).permute(0, 2, 1, 3).reshape(b, t, h * n_bins)
+    m = max(1, int(by_row.sum(-1).max()))
+    keep, cell = by_row.to(torch.uint8).topk(m, dim=-1)  # a row's chosen cells first
+    return cell // n_bins, cell % n_bins, keep.bool()
 
 
 def select_cells(
