@@ -25,17 +25,22 @@ def fake_run(path: Path, curve: Sequence[tuple[int, float]], metric: str = "eval
     return path
 
 
-def fake_student(path: Path, teacher: Path, grid: bool = True) -> Path:
-    """A finished ``attnlab distill`` run of a SEA student (k 4, query skips 1 and 2)."""
+def fake_student(path: Path, teacher: Path, grid: bool = True, core: str = "sea",
+                 curve: Sequence[tuple[int, float]] = ((2, 7.0), (4, 6.5), (6, 6.05))) -> Path:
+    """A finished ``attnlab distill`` run of a student (SEA: k 4, query skips 1 and 2) with
+    held-out perplexity ``curve`` ``[(step, ppl)]`` and training records every 2 steps."""
     path.mkdir(parents=True)
     (path / "distill.yaml").write_text("distill: {}\n")
     inference = [{"k": k, "query_skip": s, "ppl": 5.0 + 4 / k + s / 10, "bpc": 2.0 + 1 / k}
                  for k in (2, 4, 8) for s in (1, 2)] if grid else []
     (path / "summary.json").write_text(json.dumps({
-        "teacher": str(teacher), "student_attention": {"name": "sea", "k": 4}, "steps": 6,
+        "teacher": str(teacher), "student_attention": {"name": core, "k": 4}, "steps": 6,
         "tokens": 384, "seq_len": 32, "teacher_ppl": 5.5, "student_ppl": 6.05,
         "teacher_bpc": 2.4, "student_bpc": 2.5, "ppl_ratio": 1.1, "inference": inference}))
-    (path / "metrics.jsonl").write_text(json.dumps({"step": 6, "eval_bpc": 2.5}) + "\n")
+    rows = [{"step": s, "loss": 4.0 - s / 10, "tokens": 64 * s, "tokens_per_s": 320.0}
+            for s in (2, 4, 6)]
+    rows += [{"step": s, "eval_ppl": v, "eval_bpc": 2.5} for s, v in curve]
+    (path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
 
 

@@ -63,6 +63,24 @@ def test_report_tables_figures_and_json(inputs):
     assert "switch" in compact_table(results)
 
 
+def test_students_of_one_teacher_get_distillation_convergence_curves(tmp_path):
+    """SEA's Fig. 4b: each student's held-out perplexity during distillation, against
+    tokens and its own training time, in a table and a plot."""
+    pytest.importorskip("matplotlib")
+    teacher = fake_run(tmp_path / "runs" / "dense", [(10, 3.0)])
+    fake_student(tmp_path / "runs" / "sea", teacher)
+    fake_student(tmp_path / "runs" / "performer", teacher, grid=False, core="performer",
+                 curve=((2, 9.0), (4, 8.0), (6, 7.5)))
+    out = tmp_path / "report"
+    build_report(collect([tmp_path / "runs"]), out)
+    md = (out / "report.md").read_text()
+    assert "### Distillation convergence" in md
+    assert "| performer | 0 | 9.000 | 8.000 | 7.500 |" in md
+    assert "| sea | 0 | 7.000 | 6.500 | 6.050 |" in md
+    data = (out / "distillation-convergence.png").read_bytes()
+    assert data[:8] == PNG and len(data) > 10_000
+
+
 def test_cli_builds_the_report_and_rejects_bad_input(inputs, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     out = tmp_path / "out"

@@ -60,6 +60,11 @@ HOW_TO_READ = {
         "on the dotted line run at the baseline's rate; points above it lose more time than "
         "their MAC count suggests (memory traffic, gathers, small matmuls), points below "
         "gain more."),
+    "convergence": (
+        "Each student's held-out quality at every evaluation of its distillation, against the "
+        "tokens it was distilled on and against its own training time (each run timed itself, "
+        "so times from different runs compare only on a quiet machine). The dense teacher's "
+        "value is in the students table above."),
     "sea": (
         "SEA's perplexity when its key budget k (trained at the middle value) or its query "
         "skip is changed at inference, without retraining; the dashed line is the dense "
@@ -141,10 +146,19 @@ def build_report(
         if "quality" in figures:
             md += [f"![quality]({figures['quality']})", "", HOW_TO_READ["quality"], ""]
     if student_rows:
-        md += ["## Distilled students (SEA, Performer) against their dense teacher", "",
+        md += ["## Distilled students against their dense teacher", "",
                students_table(student_rows), "",
                "Teacher and student are evaluated on the same held-out tokens at the same "
                "context; x teacher is the perplexity ratio (1 = no loss).", ""]
+    converging = [c for c in inputs.student_curves if c.eval_curve]
+    if converging:
+        md += ["### Distillation convergence", "", curves_table(converging), ""]
+        figure("convergence", "distillation-convergence.png", lambda p: plot_quality(
+            converging, p, None,
+            f"students' held-out quality during distillation (SEA's Fig. 4b)\n{label}"))
+        if "convergence" in figures:
+            md += [f"![distillation convergence]({figures['convergence']})", "",
+                   HOW_TO_READ["convergence"], ""]
     if sea:
         md += ["### SEA at other key budgets and query skips, without retraining", "",
                "Perplexity (bits per character) per setting:", ""]

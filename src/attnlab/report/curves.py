@@ -1,8 +1,10 @@
 """Held-out quality curves of several runs, side by side: a Markdown table and a PNG plot.
 
-A run directory (from ``attnlab train``) holds ``summary.json`` and ``metrics.jsonl``; the
-curve is the held-out metric of every periodic evaluation: bits per character for byte-level
-runs (``eval_bpc``), perplexity for BPE runs (``eval_ppl``).
+A run directory (from ``attnlab train`` or ``attnlab distill``) holds ``summary.json`` and
+``metrics.jsonl``; the curve is the held-out metric of every periodic evaluation: bits per
+character for byte-level runs (``eval_bpc``), perplexity for BPE runs and language-model
+students (``eval_ppl``), the sentence-embedding cosine to the teacher for encoder students
+(``eval_cosine_mean``).
 """
 
 from __future__ import annotations
@@ -52,11 +54,12 @@ def read_run(run_dir: str | os.PathLike[str], name: str | None = None) -> RunCur
         if not (run_dir / needed).is_file():
             raise FileNotFoundError(f"{run_dir} is not a finished run: {needed} is missing")
     summary = json.loads((run_dir / "summary.json").read_text())
-    metric = "eval_ppl" if "eval_ppl" in summary else "eval_bpc"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evaluated = {key for row in rows for key in row} | set(summary)
+    metric = next((m for m in METRICS if m in evaluated), "eval_bpc")
     eval_curve, train_curve, train_time = [], [], []
     seconds, tokens = 0.0, 0
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
+    for row in rows:
         if metric in row:
             eval_curve.append((int(row["step"]), float(row[metric])))
         elif "loss" in row:
@@ -77,9 +80,14 @@ def _interpolate(points: Sequence[tuple[float, float]], x: float) -> float | Non
     return None
 
 
+METRICS = {"eval_ppl": "held-out perplexity", "eval_bpc": "held-out bits per character",
+           "eval_cosine_mean": "sentence-embedding cosine to the teacher"}
+"""The eval metrics a run may report (the first one present is its curve), and their labels."""
+
+
 def metric_label(metric: str) -> str:
     """Axis / table label of an eval metric key."""
-    return {"eval_bpc": "held-out bits per character", "eval_ppl": "held-out perplexity"}[metric]
+    return METRICS[metric]
 
 
 def curves_table(runs: Sequence[RunCurves]) -> str:

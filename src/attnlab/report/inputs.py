@@ -35,12 +35,14 @@ REPORT_JSON = "results.json"  # what build_report writes; never read back as an 
 @dataclasses.dataclass
 class ReportInputs:
     """Everything :func:`collect` found. ``runs``: trained models; ``students``: distilled
-    runs ``(name, summary)``; ``step_times``: ``train`` bench records (one file); ``scaling``:
-    length-scaling records by bench name; ``other``: any other bench records; ``machines``:
-    the machine of each bench file, by path; ``demo``: the demo's own record."""
+    runs ``(name, summary)``, ``student_curves`` their held-out curves; ``step_times``:
+    ``train`` bench records (one file); ``scaling``: length-scaling records by bench name;
+    ``other``: any other bench records; ``machines``: the machine of each bench file, by
+    path; ``demo``: the demo's own record."""
 
     runs: list[RunCurves] = dataclasses.field(default_factory=list)
     students: list[tuple[str, dict[str, Any]]] = dataclasses.field(default_factory=list)
+    student_curves: list[RunCurves] = dataclasses.field(default_factory=list)
     step_times: list[Record] = dataclasses.field(default_factory=list)
     scaling: dict[str, list[Record]] = dataclasses.field(default_factory=dict)
     other: list[Record] = dataclasses.field(default_factory=list)
@@ -74,6 +76,7 @@ def _collect_one(path: Path, found: ReportInputs, depth: int = 0) -> None:
             found.sources.append(str(path))
             if (path / "distill.yaml").is_file():
                 found.students.append((path.name, json.loads((path / "summary.json").read_text())))
+                found.student_curves.append(read_run(path))
             else:
                 found.runs.append(read_run(path))
         elif depth < 2:
