@@ -7,7 +7,7 @@ import torch
 
 from attnlab.ops.attention import softmax_attention
 from attnlab.ops.sparse_attention import cell_attention, cell_attention_naive, cell_mask
-from attnlab.utils.testing import assert_close
+from attnlab.utils.testing import assert_close, assert_grads_close
 
 F64 = torch.float64
 
@@ -44,11 +44,7 @@ def test_fast_matches_naive_forward_and_gradients(hk, with_row_scale):
     ref = cell_attention_naive(q, k, v, head, index, valid, scale=0.3, row_scale=row_scale)
     assert_close("out", ref, out, 1e-12)
     inputs = [x for x in (q, k, v, row_scale) if x is not None]
-    grad = torch.randn_like(out)
-    names = "qkvr"[: len(inputs)]
-    for name, g_out, g_ref in zip(names, torch.autograd.grad(out, inputs, grad),
-                                  torch.autograd.grad(ref, inputs, grad), strict=True):
-        assert_close(f"grad {name}", g_ref, g_out, 1e-11)
+    assert_grads_close(ref, out, inputs, "qkvr"[: len(inputs)], 1e-11)
     # heads without cells in a row output exactly zero; so does the row with no valid key
     mask = cell_mask(head, index, valid, 4, 20)
     assert (out.detach()[~mask.any(-1)] == 0).all() and (out.detach()[:, :, 3] == 0).all()
@@ -96,11 +92,7 @@ def test_a_score_bias_is_added_at_the_cells_keys():
     dense = fn(torch.arange(b).view(b, 1, 1, 1), torch.arange(h).view(1, h, 1, 1), i, j)
     ref = softmax_attention(q, k, v, scale=0.4, causal=True, score_bias=dense)
     assert_close("biased", ref, out, 1e-12)
-    grad = torch.randn_like(out)
-    leaves = (q, k, v, table)
-    for name, g, g_ref in zip("qkvb", torch.autograd.grad(out, leaves, grad),
-                              torch.autograd.grad(ref, leaves, grad), strict=True):
-        assert_close(f"grad {name}", g_ref, g, 1e-11)
+    assert_grads_close(ref, out, (q, k, v, table), "qkvb", 1e-11)
     naive = cell_attention_naive(q, k, v, head, index, valid, scale=0.4, score_bias=fn)
     assert_close("naive", ref, naive, 1e-12)
 
@@ -120,10 +112,7 @@ def test_score_activations_over_cells_equal_dense_attention(activation):
     out = cell_attention(q, k, v, head, index, valid, query_chunk=3, **kw)
     ref = softmax_attention(q, k, v, causal=True, **kw)
     assert_close(activation, ref, out, 1e-12)
-    grad = torch.randn_like(out)
-    for name, g, g_ref in zip("qkv", torch.autograd.grad(out, (q, k, v), grad),
-                              torch.autograd.grad(ref, (q, k, v), grad), strict=True):
-        assert_close(f"grad {name}", g_ref, g, 1e-11)
+    assert_grads_close(ref, out, (q, k, v), "qkv", 1e-11)
     assert_close("naive", ref, cell_attention_naive(q, k, v, head, index, valid, **kw), 1e-12)
     with pytest.raises(ValueError, match="unknown score activation"):
         cell_attention(q, k, v, head, index, valid, scale=0.4, activation="relu")

@@ -8,7 +8,7 @@ import torch
 from attnlab.ops.attention.bias import DistanceBias, offset_queries
 from attnlab.ops.sea import selected_attention, selected_attention_naive
 from attnlab.ops.sparse_attention import native
-from attnlab.utils.testing import assert_close
+from attnlab.utils.testing import assert_close, assert_grads_close
 
 F64 = torch.float64
 
@@ -89,10 +89,7 @@ def test_pytorch_paths_match_reference_forward_and_gradients(group, dense):
                              row_scale=leaves[3], **kw)
     ref = selected_attention_naive(*leaves[:3], ranking, lengths, 6, row_scale=leaves[3], **kw)
     assert_close("out", ref, out, 1e-12)
-    grad = torch.randn_like(out)
-    for name, g, g_ref in zip("qkvr", torch.autograd.grad(out, leaves, grad),
-                              torch.autograd.grad(ref, leaves, grad), strict=True):
-        assert_close(f"grad {name}", g_ref, g, 1e-11)
+    assert_grads_close(ref, out, leaves, "qkvr", 1e-11)
 
 
 def _bias_fn(t_k: int, seed: int = 3):
@@ -121,10 +118,7 @@ def test_score_activations_on_the_selected_keys(dense, activation):
     out = selected_attention(*leaves, ranking, lengths, 6, causal=True, dense=dense, **kw)
     ref = selected_attention_naive(*leaves, ranking, lengths, 6, **kw)
     assert_close("out", ref, out, 1e-12)
-    grad = torch.randn_like(out)
-    for name, g, g_ref in zip("qkv", torch.autograd.grad(out, leaves, grad),
-                              torch.autograd.grad(ref, leaves, grad), strict=True):
-        assert_close(f"grad {name}", g_ref, g, 1e-11)
+    assert_grads_close(ref, out, leaves, "qkv", 1e-11)
     with torch.no_grad():
         fast = selected_attention(q, k, v, ranking, lengths, 6, causal=True, **kw)
     assert_close("no autograd", ref, fast, 1e-12)
@@ -168,10 +162,7 @@ def test_a_score_bias_is_added_at_the_selected_keys(dense):
     out = selected_attention(*leaves[:3], ranking, lengths, 6, causal=True, dense=dense, **kw)
     ref = selected_attention_naive(*leaves[:3], ranking, lengths, 6, **kw)
     assert_close("out", ref, out, 1e-12)
-    grad = torch.randn_like(out)
-    for name, g, g_ref in zip("qkvb", torch.autograd.grad(out, leaves, grad),
-                              torch.autograd.grad(ref, leaves, grad), strict=True):
-        assert_close(f"grad {name}", g_ref, g, 1e-11)
+    assert_grads_close(ref, out, leaves, "qkvb", 1e-11)
     unbiased = selected_attention_naive(q, k, v, ranking, lengths, 6, scale=0.3,
                                         rank_to_pos=r2p, row_scale=row_scale)
     assert (ref - unbiased).abs().max() > 1e-2

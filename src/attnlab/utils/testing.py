@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import torch
 
@@ -34,3 +35,15 @@ def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, ratio: float) 
         raise AssertionError(
             f"{name}: rel-rms error {err:.3g} > {ratio:.3g} (max-abs {max_abs:.3g})"
         )
+
+
+def assert_grads_close(ref: torch.Tensor, out: torch.Tensor, leaves: Sequence[torch.Tensor],
+                       names: str, ratio: float) -> None:
+    """Backpropagate one random cotangent through ``ref`` and ``out`` and assert the
+    gradients of every leaf agree (:func:`assert_close`); ``names`` labels the leaves, one
+    character each."""
+    grad = torch.randn_like(out)
+    for name, g, g_ref in zip(names, torch.autograd.grad(out, leaves, grad, retain_graph=True),
+                              torch.autograd.grad(ref, leaves, grad, retain_graph=True),
+                              strict=True):
+        assert_close(f"grad {name}", g_ref, g, ratio)
