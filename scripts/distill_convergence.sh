@@ -5,7 +5,11 @@
 #
 #   scripts/distill_convergence.sh OUT_DIR [RECIPE]     # RECIPE: attnlab (default) or sea-paper
 set -euo pipefail
-out=${1:?usage: scripts/distill_convergence.sh OUT_DIR [RECIPE]}
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+    echo "usage: scripts/distill_convergence.sh OUT_DIR [RECIPE]" >&2
+    exit 2
+fi
+out=$1
 recipe=${2:-attnlab}
 attnlab=${ATTNLAB:-attnlab}
 mkdir -p "$out"
