@@ -41,6 +41,13 @@ def test_distill_writes_a_student_run_with_teacher_and_student_perplexity(teache
         assert summary[key] > 0, key
     grid = {(r["k"], r["query_skip"]) for r in summary["inference"]}
     assert grid == {(k, s) for k in (2, 4, 8) for s in (1, 2)}
+    teacher = summary["inference_teacher"]  # Table A.6's costs, measured side by side
+    assert teacher["seq_len"] == 32 and teacher["reps"] == 5
+    assert teacher["latency_ms"] > 0 and teacher["peak_mb"] > 0
+    for cell in summary["inference"]:
+        assert cell["latency_x_teacher"] == pytest.approx(cell["latency_ms"]
+                                                          / teacher["latency_ms"])
+        assert cell["peak_mb"] > 0 and cell["peak_x_teacher"] > 0
     assert summary["long_context"]["seq_len"] == 64
     assert json.loads((out / "summary.json").read_text()) == summary
     run = load_run(out)  # the student folder is an ordinary attnlab run
@@ -119,6 +126,8 @@ def test_bad_teachers_and_students_are_rejected(teacher, tmp_path, tiny_run_conf
         init_student(run.model, other)
     with pytest.raises(ConfigError, match="steps must be >= 1"):
         _cfg(teacher, steps=0)
+    with pytest.raises(ConfigError, match="grid_reps must be 0 .no timing. or >= 5"):
+        _cfg(teacher, grid_reps=2)
 
 
 def test_cli_distill(teacher, tmp_path, capsys):

@@ -179,3 +179,11 @@ def test_score_bias_is_rejected():
 def test_bad_options_are_rejected(options, match):
     with pytest.raises(ConfigError, match=match):
         AttentionConfig(core={"name": "performer", **options})
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_weights_are_what_the_core_applies(causal):
+    core = PerformerCore(make_ctx(causal), PerformerOptions(n_features=16)).double()
+    q, k, v = (torch.randn(2, 4, 12, 8, dtype=torch.float64) for _ in range(3))
+    weights = core.attention_weights(q, k, scale=0.3)
+    torch.testing.assert_close(weights @ v, core(q, k, v, scale=0.3).out)

@@ -5,9 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnlab.layers.cores import DenseCore, ScoreOptions
 from attnlab.layers.sea import record_estimates
+from attnlab.ops.attention import softmax_attention
 from attnlab.ops.sea import bin_edges
-from tests.layers.test_sea_core import make_layer
+from attnlab.ops.sparse_attention import masked_attention
+from attnlab.utils.testing import assert_close
+from tests.layers.test_sea_core import make_core, make_ctx, make_layer, qkv
 
 F64 = torch.float64
 
@@ -57,3 +61,35 @@ def test_a_model_without_sea_is_refused():
     with pytest.raises(ValueError, match="no sea attention core"):
         with record_estimates(layer):
             pass
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_attended_keys_are_what_the_core_attended(causal):
+    """With the output gates open (the sparse attention alone), the core's output is the
+    dense attention masked to the recorded ``attended()`` keys."""
+    options = {} if causal else {"topk_group": "batch"}
+    core = make_core(causal, output="mix", **options)
+    with torch.no_grad():
+        core.estimator.scalers.weight.zero_()
+        core.estimator.scalers.bias.fill_(60.0)
+    q, k, v = qkv(t=30)
+    with record_estimates(core) as estimates:
+        out = core(q, k, v, scale=0.35).out
+    attended = estimates[0].attended()
+    assert attended.shape == (2, 4, 30, 30) and 0 < int(attended.sum()) < attended.numel()
+    assert_close("masked", masked_attention(q, k, v, attended, scale=0.35, row_scale=None),
+                 out, 1e-12)
+    if causal:
+        assert not attended.triu(1).any()
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_exact_attention_weights_are_the_dense_cores(causal):
+    core = make_core(causal)
+    dense = DenseCore(make_ctx(causal), ScoreOptions(), 0.0, softmax_attention).double()
+    q, k, v = qkv(t=20)
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[1, :4] = False
+    kw = dict(scale=0.35, key_padding_mask=mask)
+    assert_close("weights", dense.attention_weights(q, k, v, **kw),
+                 core.attention_weights(q, k, v, **kw), 1e-13)

@@ -147,13 +147,33 @@ def test_expert_dropout_only_in_training_and_gates_not_rescaled():
     plain.eval()
     torch.testing.assert_close(part.project(x).v, plain.project(x).v, rtol=0, atol=0)
     part.train()
-    ids, gate = part.project(x).state
-    ref_ids, _ = plain.project(x).state
-    assert not torch.equal(ids.sort(-1).values, ref_ids.sort(-1).values)
-    logits = (x.reshape(-1, D_MODEL) @ part.sel_dst.T).view(-1, N_HEADS, 8)
-    offsets = torch.arange(N_HEADS)[:, None] * 8
-    unmasked = torch.sigmoid(logits.gather(-1, ids - offsets))
-    torch.testing.assert_close(gate, unmasked)
+    chosen = part.expert_choices(x)["o"]
+    reference = plain.expert_choices(x)["o"]
+    assert not torch.equal(chosen.index.sort(-1).values, reference.index.sort(-1).values)
+    logits = (x @ part.sel_dst.T).view(4, 16, N_HEADS, 8)
+    torch.testing.assert_close(chosen.gate, torch.sigmoid(logits.gather(-1, chosen.index)))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_expert_choices_are_the_experts_the_projections_use(shared):
+    part = make_part(n_experts=6, k=2, shared_selection=shared).eval()
+    x = torch.randn(2, 7, D_MODEL, dtype=torch.float64)
+    chosen = part.expert_choices(x)
+    assert sorted(chosen) == ["o", "v"]
+    for name, weight in (("v", part.sel_dst if shared else part.sel_src), ("o", part.sel_dst)):
+        logits = (x @ weight.T).view(2, 7, N_HEADS, 6)
+        top = logits.topk(2, dim=-1)
+        assert chosen[name].index.shape == (2, 7, N_HEADS, 2)
+        assert torch.equal(chosen[name].index, top.indices)
+        torch.testing.assert_close(chosen[name].gate, torch.sigmoid(top.values))
+    # the V the layer computes is the gated sum of exactly those experts
+    v = torch.zeros(2, 7, N_HEADS, D_HEAD, dtype=torch.float64)
+    experts = part.v_experts.view(N_HEADS, 6, D_MODEL, D_HEAD)
+    for slot in range(2):
+        ids, gate = chosen["v"].index[..., slot], chosen["v"].gate[..., slot]
+        w = experts[torch.arange(N_HEADS), ids]  # [B, T, H, d, D]
+        v += gate[..., None] * torch.einsum("btd,bthde->bthe", x, w)
+    torch.testing.assert_close(part.project(x).v, v.transpose(1, 2))
 
 
 def test_select_experts_top_k_within_groups():

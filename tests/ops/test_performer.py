@@ -10,6 +10,7 @@ from attnlab.ops.performer import (
     orthogonal_gaussian,
     performer_attention,
     performer_attention_naive,
+    performer_attention_weights,
     relu_features,
     softmax_features,
 )
@@ -171,3 +172,21 @@ def test_argument_errors():
         performer_attention(q, k, v, proj, causal=False, return_state=True)
     with pytest.raises(ValueError, match="Tq == Tk"):
         performer_attention(q[:, :, :5], k, v, proj, causal=True)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_weights_are_the_matrix_the_fast_path_applies(kernel, causal):
+    q, k, v = _qkv()
+    proj = orthogonal_gaussian(24, 8, dtype=F64)
+    pad = torch.rand(2, 45) > 0.2
+    kw = dict(kernel=kernel, causal=causal, scale=0.4, key_padding_mask=pad)
+    weights = performer_attention_weights(q, k, proj, **kw)
+    assert weights.shape == (2, 4, 45, 45)
+    out = performer_attention(q, k, v, proj, chunk_size=16, **kw)
+    assert_close("weights @ v", out, weights @ v.repeat_interleave(2, dim=1), 1e-12)
+    assert (weights >= 0).all() and (weights[0][..., ~pad[0]] == 0).all()  # padded keys
+    visible = weights.sum(-1) > 0
+    torch.testing.assert_close(weights.sum(-1)[visible], torch.ones_like(weights.sum(-1)[visible]))
+    if causal:
+        assert (weights.triu(1) == 0).all()

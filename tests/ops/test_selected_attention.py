@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from attnlab.ops.attention.bias import DistanceBias, offset_queries
-from attnlab.ops.sea import selected_attention, selected_attention_naive
-from attnlab.ops.sparse_attention import native
+from attnlab.ops.sea import attended_keys, selected_attention, selected_attention_naive
+from attnlab.ops.sparse_attention import masked_attention, native
 from attnlab.utils.testing import assert_close, assert_grads_close
 
 F64 = torch.float64
@@ -169,3 +169,20 @@ def test_a_score_bias_is_added_at_the_selected_keys(dense):
     with torch.no_grad():
         fast = selected_attention(q, k, v, ranking, lengths, 6, causal=True, **kw)
     assert_close("no autograd", ref, fast, 1e-12)
+
+
+@pytest.mark.parametrize("group", ["heads", "head", "batch"])
+@pytest.mark.parametrize("k_per_head", [3, 20])  # capped bins, whole bins
+def test_attended_keys_are_the_keys_the_attention_uses(group, k_per_head):
+    """Masked dense attention over ``attended_keys`` reproduces ``selected_attention``."""
+    q, k, v, ranking, lengths, r2p, row_scale = _inputs(t_q=40, t_k=40)
+    if group == "batch":
+        lengths = torch.full_like(lengths, 40)  # bidirectional: every row sees every key
+        ranking = ranking.abs()
+    mask = attended_keys(ranking, lengths, k_per_head, 40, group=group, rank_to_pos=r2p)
+    assert mask.shape == (2, 4, 40, 40) and mask.dtype == torch.bool
+    out = selected_attention(q, k, v, ranking, lengths, k_per_head, scale=0.3,
+                             causal=group != "batch", group=group, rank_to_pos=r2p)
+    ref = masked_attention(q, k, v, mask, scale=0.3, row_scale=None)
+    assert_close("attended", ref, out, 1e-13)
+    assert 0 < int(mask.sum()) < mask.numel()  # sparse, not empty: the test can tell

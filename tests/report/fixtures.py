@@ -26,17 +26,29 @@ def fake_run(path: Path, curve: Sequence[tuple[int, float]], metric: str = "eval
 
 
 def fake_student(path: Path, teacher: Path, grid: bool = True, core: str = "sea",
-                 curve: Sequence[tuple[int, float]] = ((2, 7.0), (4, 6.5), (6, 6.05))) -> Path:
+                 curve: Sequence[tuple[int, float]] = ((2, 7.0), (4, 6.5), (6, 6.05)),
+                 costs: bool = False) -> Path:
     """A finished ``attnlab distill`` run of a student (SEA: k 4, query skips 1 and 2) with
-    held-out perplexity ``curve`` ``[(step, ppl)]`` and training records every 2 steps."""
+    held-out perplexity ``curve`` ``[(step, ppl)]`` and training records every 2 steps;
+    ``costs``: its grid has each setting's time and memory (teacher: 10 ms, 4 MiB; the
+    setting of k and skip s: k + 1/s ms, k / 4 MiB)."""
     path.mkdir(parents=True)
     (path / "distill.yaml").write_text("distill: {}\n")
     inference = [{"k": k, "query_skip": s, "ppl": 5.0 + 4 / k + s / 10, "bpc": 2.0 + 1 / k}
                  for k in (2, 4, 8) for s in (1, 2)] if grid else []
+    extra = {}
+    if costs:
+        for cell in inference:
+            ms, mb = cell["k"] + 1 / cell["query_skip"], cell["k"] / 4
+            cell.update(latency_ms=ms, peak_mb=mb, latency_x_teacher=ms / 10,
+                        peak_x_teacher=mb / 4)
+        extra["inference_teacher"] = {"seq_len": 32, "batch": 1, "reps": 5, "latency_ms": 10.0,
+                                      "peak_mb": 4.0}
     (path / "summary.json").write_text(json.dumps({
         "teacher": str(teacher), "student_attention": {"name": core, "k": 4}, "steps": 6,
         "tokens": 384, "seq_len": 32, "teacher_ppl": 5.5, "student_ppl": 6.05,
-        "teacher_bpc": 2.4, "student_bpc": 2.5, "ppl_ratio": 1.1, "inference": inference}))
+        "teacher_bpc": 2.4, "student_bpc": 2.5, "ppl_ratio": 1.1, "inference": inference,
+        **extra}))
     rows = [{"step": s, "loss": 4.0 - s / 10, "tokens": 64 * s, "tokens_per_s": 320.0}
             for s in (2, 4, 6)]
     rows += [{"step": s, "eval_ppl": v, "eval_bpc": 2.5} for s, v in curve]

@@ -113,3 +113,18 @@ def test_step_reaching_and_crossovers():
             for t, ms in ((1, 0.5), (2, 1.5), (4, 0.8))]
     assert crossovers(recs)["x"]["faster_from"] == 4
     assert crossovers(recs)["x"]["worst_at"] == 2
+
+
+def test_sea_grid_with_costs_is_a_table_and_heatmaps(tmp_path):
+    """SEA's Table A.6: perplexity with each setting's time and memory against the teacher."""
+    pytest.importorskip("matplotlib")
+    teacher = fake_run(tmp_path / "runs" / "dense", [(10, 3.0)])
+    fake_student(tmp_path / "runs" / "sea", teacher, costs=True)
+    out = tmp_path / "report"
+    build_report(collect([tmp_path / "runs"]), out)
+    md = (out / "report.md").read_text()
+    assert "| 8 | 5.600 (2.125); 0.90x time, 0.50x memory | 5.700 (2.125); 0.85x time, " \
+           "0.50x memory |" in md
+    assert "the teacher: 10.0 ms, 4.0 MiB peak" in md
+    data = (out / "sea-costs.png").read_bytes()
+    assert data[:8] == PNG and len(data) > 10_000 and "](sea-costs.png)" in md

@@ -40,6 +40,16 @@ def at_least(low: int):
     return number(int, low)
 
 
+def layer_or_all(value: str) -> int | None:
+    """An argparse type: an integer index, or ``all`` (None)."""
+    if value.strip().lower() == "all":
+        return None
+    try:
+        return int(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'all', got {value!r}") from err
+
+
 MIN_REPS = 5  # attnlab.bench.common.MIN_REPS, spelled out: that module imports torch
 
 

@@ -187,6 +187,26 @@ def cmd_bench_attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_visualize(args: argparse.Namespace) -> int:
+    from attnlab.visualize import visualize
+
+    text = args.text
+    if args.text_file is not None:
+        text = Path(args.text_file).read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise ConfigError("the text is empty: give --text or a --text-file with text")
+    summary = visualize(args.model, text, args.out, layer=args.layer, head=args.head,
+                        teacher=args.teacher, max_tokens=args.max_tokens, device=args.device)
+    for part in ("sea", "switchhead"):
+        if part in summary:
+            print(f"saved {Path(args.out) / summary[part]['png']}")
+    for row in summary.get("sea", {}).get("heads", []):
+        print(f"layer {row['layer']} head {row['head']}: attended "
+              f"{row['attended_fraction']:.1%} of cells, holding "
+              f"{row['reference_weight_attended']:.1%} of the {summary['sea']['reference']}")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from attnlab.report import build_report, collect, compact_table
 

@@ -6,14 +6,14 @@ import argparse
 
 from attnlab import __version__
 from attnlab.cli import commands
-from attnlab.cli.args import MIN_REPS, at_least, csv_list, number
+from attnlab.cli.args import MIN_REPS, at_least, csv_list, layer_or_all, number
 from attnlab.demo.plan import BUDGET_MINUTES as DEMO_BUDGET_MINUTES
 from attnlab.demo.plan import PRECISIONS as DEMO_PRECISIONS
 from attnlab.demo.plan import REAL_MODEL_CHOICES, REAL_MODEL_MINUTES
 
 DESCRIPTION = (
     "Train, distil, evaluate, benchmark and report efficient attention: train, distill, eval, "
-    "long-context, generate, macs, match, bench, report, demo."
+    "long-context, generate, macs, match, bench, visualize, report, demo."
 )
 
 
@@ -302,6 +302,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="FILE", help="save the records as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=commands.cmd_long_context)
+
+    p = sub.add_parser(
+        "visualize", help="what a model's SEA or SwitchHead attention does on a text (PNG)",
+        description="SEA layers: the teacher's attention, the Performer's implicit attention, "
+                    "the CNN's compressed estimate and the attended keys side by side (SEA's "
+                    "Fig. 3); SwitchHead layers: each token's value and output experts per "
+                    "head and the experts' load. Writes OUT/sea-attention.png, "
+                    "OUT/switchhead-experts.png and OUT/visualize.json.")
+    p.add_argument("model", metavar="PATH",
+                   help="an attnlab run folder (train or distill), a distillation folder of a "
+                        "Hugging Face teacher, or a Hugging Face student folder")
+    text = p.add_mutually_exclusive_group(required=True)
+    text.add_argument("--text", default=None, help="the text to run the model on")
+    text.add_argument("--text-file", default=None, metavar="FILE", help="read the text from FILE")
+    p.add_argument("--layer", type=layer_or_all, default=0, metavar="N|all",
+                   help="layer to draw (negative: from the end) or all, tiled (default 0)")
+    p.add_argument("--head", type=layer_or_all, default=None, metavar="N|all",
+                   help="head to draw or all, tiled (default all)")
+    p.add_argument("--teacher", default=None, metavar="PATH",
+                   help="the teacher to compare SEA with (default: the one the distillation "
+                        "recorded; none known: the model's own exact attention)")
+    p.add_argument("--max-tokens", type=at_least(1), default=96,
+                   help="tokens of the text to use (at most 1024; token labels up to 40)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=commands.cmd_visualize)
 
     p = sub.add_parser("report", help="the report of runs and benchmarks: Markdown, PNG, JSON")
     p.add_argument("paths", nargs="*", metavar="PATH",

@@ -100,7 +100,8 @@ class Scale:
     ``min_train_tokens`` tokens per model and at most ``max_steps`` steps; each evaluates
     ``evals`` times on ``eval_tokens`` plus once on ``final_eval_tokens``. Students distil at
     least ``min_distill_steps`` and at most ``max_distill_steps`` steps, with ``distill``
-    overrides of the distillation config (``distill.KEY=VALUE``); ``unconverged`` names the
+    overrides of the distillation config (``distill.KEY=VALUE``), evaluating ``distill_evals``
+    times on the way (0: only at the end); ``unconverged`` names the
     students known not to converge in steps the demo can afford (name -> the evidence): their
     figures are always reported inconclusive. The benchmark measures
     ``seq_lens`` (``gpu_seq_lens`` on CUDA) and reaches at least ``min_seq_len``
@@ -124,6 +125,7 @@ class Scale:
     eval_tokens: int = 16384
     final_eval_tokens: int = 65536
     distill: tuple[str, ...] = ()
+    distill_evals: int = 0
     min_distill_steps: int = 1
     max_distill_steps: int = 2000
     unconverged: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -164,7 +166,9 @@ FULL = Scale(
     # regime, and a gap means little.
     min_train_tokens=400_000,
     distill=("distill.eval_tokens=8192", "distill.final_eval_tokens=32768",
-             "distill.long_context=1", "distill.eval_every=0"),
+             "distill.long_context=1"),
+    # four evaluations during each distillation draw its convergence curve (SEA's Fig. 4b)
+    distill_evals=4,
     # SEA and Performer distilled 160 steps from the demo's teacher, evaluated every 10 steps
     # (docs/results/demo-calibration-cpu): SEA's held-out perplexity is 23.4 at step 10, 10.6
     # at 40, 9.15 at 60, 8.98 at 80, 8.89 at 150: from 80 steps on it is within 1% of where it
@@ -191,8 +195,9 @@ SMOKE = Scale(
                "train.eval_batch_size=2"),
     min_train_tokens=4 * 64, max_steps=4, evals=2, eval_tokens=128, final_eval_tokens=256,
     distill=("distill.batch_size=2", "distill.eval_batch_size=2", "distill.eval_tokens=128",
-             "distill.final_eval_tokens=256", "distill.long_context=1", "distill.eval_every=0",
+             "distill.final_eval_tokens=256", "distill.long_context=1",
              "distill.query_skip=[1, 2]"),
+    distill_evals=2,
     min_distill_steps=2, max_distill_steps=2, seq_lens=(32, 64), gpu_seq_lens=(32, 64),
     min_seq_len=64, gpu_min_seq_len=64, report_reserve_s=0.0, real_model=TINY,
 )
@@ -305,7 +310,9 @@ class DistillCost:
     """What a distillation step and the evaluations cost: ``student_s`` probed training step
     per student, ``teacher_s`` the teacher's; ``tokens_per_step``; teacher and student
     evaluate on ``final_eval_tokens``, a student with ``grid[name]`` inference settings
-    evaluates each on ``eval_tokens``."""
+    evaluates each on ``eval_tokens`` and, with ``grid_reps``, times each and the teacher on
+    one sequence of ``seq_len`` tokens; every student evaluates ``evals`` times on
+    ``eval_tokens`` during its distillation (its convergence curve)."""
 
     student_s: Mapping[str, float]
     teacher_s: float
@@ -313,6 +320,9 @@ class DistillCost:
     eval_tokens: int
     final_eval_tokens: int
     grid: Mapping[str, int]
+    evals: int = 0
+    grid_reps: int = 0
+    seq_len: int = 0
 
     def per_step(self) -> float:
         """:data:`DISTILL_STEP_FACTORS` x each student's step plus a teacher forward with its
@@ -323,11 +333,19 @@ class DistillCost:
     def fixed(self) -> float:
         """Seconds outside the steps: evaluations and run overheads."""
         evals = sum(
-            ((2 * self.final_eval_tokens + self.grid.get(name, 0) * self.eval_tokens)
+            ((2 * self.final_eval_tokens + (self.grid.get(name, 0) + self.evals)
+              * self.eval_tokens + self._timed_tokens(name))
              / self.tokens_per_step * FORWARD_FRACTION * max(s, self.teacher_s))
             for name, s in self.student_s.items()
         )
         return evals + RUN_OVERHEAD_S * len(self.student_s)
+
+    def _timed_tokens(self, name: str) -> int:
+        """Tokens of the grid's cost measurement: every setting and the teacher, each timed
+        ``grid_reps`` times after a warm-up and profiled once (counted as 3 forwards)."""
+        if not (self.grid.get(name) and self.grid_reps):
+            return 0
+        return (self.grid[name] + 1) * (self.grid_reps + 4) * self.seq_len
 
 
 def plan_distill_steps(cost: DistillCost, seconds: float, scale: Scale, floor: int = 1) -> int:

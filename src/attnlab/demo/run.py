@@ -334,7 +334,9 @@ class Demo:
         tokens = d.batch_size * (d.seq_len or self.config(TRAINED[TEACHER]).train.seq_len)
         grid = {"sea": SEA_GRID_KS * len(d.query_skip)}
         return DistillCost({n: pace * step_s[n] for n in names}, pace * step_s[TEACHER],
-                           tokens, d.eval_tokens, d.final_eval_tokens or d.eval_tokens, grid)
+                           tokens, d.eval_tokens, d.final_eval_tokens or d.eval_tokens, grid,
+                           evals=self.scale.distill_evals, grid_reps=d.grid_reps,
+                           seq_len=tokens // d.batch_size)
 
     def plan_distill(self, plan: dict[str, Any], step_s: dict[str, float]) -> int:
         """The distillation steps, planned once training is done at the pace it measured
@@ -434,6 +436,8 @@ class Demo:
         base = {"distill": {
             "teacher": str(self.out / "runs" / TEACHER), "student_attention": core.to_yaml(),
             "steps": steps, "ckpt_every": max(1, steps // 4),
+            "eval_every": max(1, steps // self.scale.distill_evals) if self.scale.distill_evals
+            else 0,
             "log_every": max(1, min(10, steps // 4)), "device": self.device}}
         return load_distill_config(base=base, overrides=self.scale.distill)
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from attnlab.bench.common import MIN_REPS
 from attnlab.config import PartSpec, apply_override, from_dict, load_yaml
 from attnlab.data.config import DataConfig
 from attnlab.distill.recipes import RECIPES, apply_recipe
@@ -27,7 +28,9 @@ class DistillConfig:
     ``student_attention``: the student's attention core (a registry name, or a mapping with
     its options, e.g. ``{name: sea, k: 16}``). ``seq_len``: None = the teacher's training
     length (attnlab) or its positions up to 1024 (Hugging Face). ``dynamic_k`` /
-    ``query_skip``: the SEA inference settings evaluated after training (None = k/2, k, 2k).
+    ``query_skip``: the SEA inference settings evaluated after training (None = k/2, k, 2k);
+    ``grid_reps``: timed rounds of each setting's latency and peak memory, side by side with
+    the teacher (:mod:`attnlab.distill.grid`; 0 = quality only, else at least 5).
     ``long_context``: also evaluate teacher and student at this multiple of ``seq_len``
     (attnlab: after position interpolation; Hugging Face: within the model's own positions,
     else recorded as skipped; 1 = skip). ``context_weight``: weight of the attention-output
@@ -58,6 +61,7 @@ class DistillConfig:
     eval_batch_size: int = 8
     dynamic_k: list[int] | None = None
     query_skip: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 4])
+    grid_reps: int = 5
     long_context: int = 2
     ckpt_every: int = 100
     keep_checkpoints: int = 2
@@ -84,6 +88,9 @@ class DistillConfig:
             raise ValueError("lr and new_lr_mult must be > 0 and pretrained_lr_mult >= 0")
         if self.seq_len is not None and self.seq_len < 1:
             raise ValueError(f"seq_len must be >= 1 (or null), got {self.seq_len}")
+        if self.grid_reps and self.grid_reps < MIN_REPS:
+            raise ValueError(f"grid_reps must be 0 (no timing) or >= {MIN_REPS}, got "
+                             f"{self.grid_reps}")
         if any(x < 1 for x in [*(self.dynamic_k or []), *self.query_skip]):
             raise ValueError("dynamic_k and query_skip values must be >= 1")
 

@@ -212,6 +212,9 @@ class HFPair(DistillPair):
     def _logits(self, out: Any) -> Tensor | None:
         return getattr(out, "logits", None)
 
+    def infer(self, model: nn.Module, x: Tensor) -> None:
+        model(input_ids=x)
+
     def teacher_forward(self, x: Tensor) -> Forward:
         with self._teacher_rec.recording() as rec:
             out = self._forward(self.teacher, x)
@@ -276,6 +279,9 @@ class HFPair(DistillPair):
 
 class HFCausalPair(HFPair, CausalLMPair):
     """A causal language model teacher: next-token loss, logit KL, perplexity."""
+
+    def infer(self, model: nn.Module, x: Tensor) -> None:
+        model(input_ids=x, use_cache=False)
 
     @torch.no_grad()
     def evaluate_model(self, model: nn.Module, context: int,

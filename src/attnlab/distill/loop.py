@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from attnlab.config import ConfigError, dump_yaml
 from attnlab.distill.config import DistillConfig, DistillRunConfig
+from attnlab.distill.grid import inference_grid
 from attnlab.distill.pair import DistillPair, Forward
 from attnlab.distill.student import param_groups
 from attnlab.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -163,7 +164,9 @@ def _run(run_cfg: DistillRunConfig, folder: RunFolder, progress: bool) -> dict[s
     entries, final = pair.compare(seq_len, d.final_eval_tokens)
     summary.update(entries)
     runner.metrics.write({"step": runner.step, **{f"eval_{k}": v for k, v in final.items()}})
-    summary["inference"] = _inference_grid(pair, d)
+    summary["inference"], inference_teacher = inference_grid(pair, d, device)
+    if inference_teacher is not None:
+        summary["inference_teacher"] = inference_teacher
     if d.long_context > 1:
         summary["long_context"] = pair.long_context(d.long_context, d.final_eval_tokens)
     summary.update(wall_s=runner.wall, peak_rss_mb=peak_rss_mb(), device=str(device),
@@ -173,25 +176,3 @@ def _run(run_cfg: DistillRunConfig, folder: RunFolder, progress: bool) -> dict[s
     runner.metrics.close()
     atomic_write_json(out_dir / "summary.json", summary)
     return summary
-
-
-def _inference_grid(pair: DistillPair, d: DistillConfig) -> list[dict]:
-    """The student's quality at every dynamic-k x query-skip setting (SEA cores only), each
-    on the same first ``eval_tokens`` held-out tokens (the grid compares within itself)."""
-    cores = pair.sea_cores()
-    if not cores:
-        return []
-    trained_k, trained_skip = cores[0].k, cores[0].query_skip
-    ks = d.dynamic_k or sorted({max(1, trained_k // 2), trained_k, 2 * trained_k})
-    grid = []
-    for k in ks:
-        for skip in d.query_skip:
-            for core in cores:
-                core.set_inference(k=k, query_skip=skip)
-            result = pair.evaluate_student(pair.seq_len, d.eval_tokens)
-            grid.append({"k": k, "query_skip": skip, **result})
-            logger.info("student k=%d query_skip=%d: %s", k, skip,
-                        ", ".join(f"{name} {value:.4g}" for name, value in result.items()))
-    for core in cores:
-        core.set_inference(k=trained_k, query_skip=trained_skip)
-    return grid

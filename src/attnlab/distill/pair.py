@@ -48,6 +48,7 @@ class DistillPair(ABC):
     """A frozen teacher and the student built from it.
 
     Attributes:
+        teacher: the frozen model.
         student: the trained model (its parameters go to the optimizer).
         new_params: names of the student's freshly initialised parameters (the new
             attention modules: they learn at ``lr * new_lr_mult``).
@@ -55,6 +56,7 @@ class DistillPair(ABC):
         corpus: the tokenised training / held-out text.
     """
 
+    teacher: nn.Module
     student: nn.Module
     new_params: list[str]
     seq_len: int
@@ -68,6 +70,11 @@ class DistillPair(ABC):
         """Step ``step``'s inputs and next-token targets ``[B, T]`` (random training windows,
         the same whenever the step is drawn)."""
         return random_batch(self.corpus.train, batch_size, self.seq_len, seed, step)
+
+    def infer(self, model: nn.Module, x: Tensor) -> None:
+        """One plain inference forward of ``model`` (teacher or student) on ``x [B, T]``:
+        what the inference grid's latency and memory measure."""
+        model(x)
 
     @abstractmethod
     def teacher_forward(self, x: Tensor) -> Forward:
@@ -121,8 +128,6 @@ def perplexity(loss: float, unit: str, bytes_per_token: float) -> dict[str, floa
 
 class CausalLMPair(DistillPair):
     """A pair of language models: quality is perplexity on the held-out split."""
-
-    teacher: nn.Module
 
     @abstractmethod
     def evaluate_model(self, model: nn.Module, context: int,

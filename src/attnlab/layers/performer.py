@@ -18,7 +18,12 @@ from torch import Tensor
 from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
 from attnlab.layers.bias import ScoreBias
 from attnlab.layers.registry import CORES
-from attnlab.ops.performer import PerformerState, orthogonal_gaussian, performer_attention
+from attnlab.ops.performer import (
+    PerformerState,
+    orthogonal_gaussian,
+    performer_attention,
+    performer_attention_weights,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +184,16 @@ class PerformerCore(AttentionCore):
                 q = torch.cat((q.new_zeros(*q.shape[:2], n_cached, q.shape[-1]), q), dim=-2)
         out = self.extend(q, k, v, scale=scale, key_padding_mask=key_padding_mask, state=state)
         return CoreOutput(out.out[..., -t_q:, :], state=out.state)
+
+    def attention_weights(
+        self, q: Tensor, k: Tensor, *, scale: float, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
+        """``[B, H, Tq, Tk]``: the attention this core applies implicitly (the normalised
+        ``phi(q) phi(k)^T``; O(T^2), for inspection). Shapes as in :meth:`forward`."""
+        return performer_attention_weights(
+            q, k, self.projection, kernel=self.kernel, causal=self.causal, scale=scale,
+            key_padding_mask=key_padding_mask,
+        )
 
     def extend(
         self,

@@ -214,20 +214,51 @@ class SwitchHeadProjections(Projections):
         self.qk_prescale = dh**-0.25
         self.score_scale = 1.0
 
-    def _select(self, x2: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
-        """``x2 [N, d]`` -> global expert ids ``[N, H, k]`` and gates ``[N, H, k]``."""
+    def _select(self, x2: Tensor, weight: Tensor) -> Selection:
+        """``x2 [N, d]`` -> per-head expert choice: ids in ``[0, E)`` and gates ``[N, H, k]``."""
         logits = selection_logits(x2, weight).view(-1, self.n_heads, self.n_experts)
         dropout = self.opts.expert_dropout if self.training else 0.0
-        chosen = select_experts(logits, self.opts.k, mode=self.opts.selection, dropout=dropout)
-        return chosen.index + head_offsets(self.n_heads, self.n_experts, x2.device), chosen.gate
+        return select_experts(logits, self.opts.k, mode=self.opts.selection, dropout=dropout)
+
+    def _selections(self, x2: Tensor) -> dict[str, Selection]:
+        """The expert choice of each MoE projection ("q", "k", "v", "o") for ``x2 [N, d]``;
+        projections that share a selection get the same object."""
+        opts = self.opts
+        dst = self._select(x2, self.sel_dst) if self.sel_dst is not None else None
+        src = self._select(x2, self.sel_src) if self.sel_src is not None else None
+        chosen = {}
+        if opts.expert_q:
+            chosen["q"] = self._select(x2, self.sel_q) if self.sel_q is not None else dst
+        if opts.expert_k:
+            chosen["k"] = self._select(x2, self.sel_k) if self.sel_k is not None else src
+        if self.v_is_expert:
+            chosen["v"] = dst if opts.shared_selection else src
+        if opts.expert_o:
+            chosen["o"] = dst
+        return chosen
+
+    def expert_choices(self, x: Tensor) -> dict[str, Selection]:
+        """Which experts each token uses, for ``x [B, T, d]`` (the layer's input): per MoE
+        projection ("q", "k", "v", "o"), expert ids in ``[0, E)`` of each head and their
+        gates, ``[B, T, H, k]`` each (V and K are chosen by the source token, O and Q by the
+        destination token)."""
+        b, t, _ = x.shape
+        return {name: Selection(sel.index.view(b, t, *sel.index.shape[1:]),
+                                sel.gate.view(b, t, *sel.gate.shape[1:]))
+                for name, sel in self._selections(x.reshape(-1, x.shape[-1])).items()}
+
+    def _global(self, sel: Selection) -> tuple[Tensor, Tensor]:
+        """(ids into the ``[H*E, ...]`` expert weights, gates), each ``[N, H, k]``."""
+        return sel.index + head_offsets(self.n_heads, self.n_experts, sel.index.device), sel.gate
 
     def _project(
-        self, x: Tensor, x2: Tensor, name: str, sel: tuple[Tensor, Tensor] | None
+        self, x: Tensor, x2: Tensor, name: str, sel: Selection | None
     ) -> Tensor:
         """One of q/k/v for ``x [B, T, d]`` (``x2`` its ``[N, d]`` view) -> ``[B, H, T, D]``."""
         if sel is None:
             return split_heads(getattr(self, f"{name}_proj")(x), self.n_heads)
-        out = expert_mm(x2, getattr(self, f"{name}_experts"), *sel, reduce="slots")  # [N, H, D]
+        weight = getattr(self, f"{name}_experts")
+        out = expert_mm(x2, weight, *self._global(sel), reduce="slots")  # [N, H, D]
         b, t, _ = x.shape
         return out.view(b, t, self.n_heads, self.d_head).transpose(1, 2)
 
@@ -236,21 +267,12 @@ class SwitchHeadProjections(Projections):
 
         ``state`` is the destination selection (ids, gates ``[B*T, H, k]``) for ``output``.
         """
-        opts = self.opts
         x2 = x.reshape(-1, x.shape[-1])
-        dst = self._select(x2, self.sel_dst) if self.sel_dst is not None else None
-        src = self._select(x2, self.sel_src) if self.sel_src is not None else None
-        q_sel = k_sel = v_sel = None
-        if opts.expert_q:
-            q_sel = self._select(x2, self.sel_q) if self.sel_q is not None else dst
-        if opts.expert_k:
-            k_sel = self._select(x2, self.sel_k) if self.sel_k is not None else src
-        if self.v_is_expert:
-            v_sel = dst if opts.shared_selection else src
-        q = self._project(x, x2, "q", q_sel) * self.qk_prescale
-        k = self._project(x, x2, "k", k_sel) * self.qk_prescale
-        v = self._project(x, x2, "v", v_sel)
-        return Projected(q=q, k=k, v=v, state=dst)
+        chosen = self._selections(x2)
+        q = self._project(x, x2, "q", chosen.get("q")) * self.qk_prescale
+        k = self._project(x, x2, "k", chosen.get("k")) * self.qk_prescale
+        v = self._project(x, x2, "v", chosen.get("v"))
+        return Projected(q=q, k=k, v=v, state=chosen.get("o"))
 
     def output(self, o: Tensor, projected: Projected) -> tuple[Tensor, Aux]:
         """``o [B, H, T, D]`` -> ``y [B, T, d]``: gated sum over heads and chosen O experts."""
@@ -258,7 +280,7 @@ class SwitchHeadProjections(Projections):
             return self.o_proj(merge_heads(o)), {}
         b, h, t, dh = o.shape
         rows = o.transpose(1, 2).reshape(b * t, h, dh)
-        y = expert_mm(rows, self.o_experts, *projected.state, reduce="all")
+        y = expert_mm(rows, self.o_experts, *self._global(projected.state), reduce="all")
         return y.view(b, t, -1), {}
 
 

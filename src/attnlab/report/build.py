@@ -28,7 +28,7 @@ from attnlab.report.figures import (
     students,
 )
 from attnlab.report.inputs import REPORT_JSON, ReportInputs
-from attnlab.report.plots import plot_macs, plot_sea_grid
+from attnlab.report.plots import plot_macs, plot_sea_costs, plot_sea_grid
 from attnlab.report.tables import (
     budget_lines,
     crossover_lines,
@@ -69,6 +69,12 @@ HOW_TO_READ = {
         "SEA's perplexity when its key budget k (trained at the middle value) or its query "
         "skip is changed at inference, without retraining; the dashed line is the dense "
         "teacher. Lower k and higher skip are cheaper."),
+    "sea-costs": (
+        "The same settings with what they cost: one forward of a held-out sequence at the "
+        "distillation context, each setting and the dense teacher timed alternately in one "
+        "run (medians), and the peak memory of one forward; both as multiples of the "
+        "teacher's (below 1 is cheaper). At short contexts the estimator's fixed cost "
+        "outweighs the saved attention; SEA's case is long contexts."),
     "serve": (
         "Whole models side by side (`attnlab bench serve`, alternating rounds): cached "
         "decoding in tokens per second from a cache of T tokens, and one prefill of T tokens "
@@ -167,6 +173,13 @@ def build_report(
             sea, p, f"SEA's perplexity against dynamic k and query skip\n{label}"))
         if "sea" in figures:
             md += [f"![SEA dynamic k]({figures['sea']})", "", HOW_TO_READ["sea"], ""]
+        costed = [(n, s) for n, s in sea if "inference_teacher" in s]
+        if costed:
+            figure("sea-costs", "sea-costs.png", lambda p: plot_sea_costs(
+                costed, p, f"SEA's settings: quality, time and memory (Table A.6)\n{label}"))
+            if "sea-costs" in figures:
+                md += [f"![SEA costs]({figures['sea-costs']})", "", HOW_TO_READ["sea-costs"],
+                       ""]
     for bench, records in inputs.scaling.items():
         what = "whole attention layers" if bench == "attention-layer" else "attention cores"
         key = f"scaling-{bench}"

@@ -77,3 +77,39 @@ def plot_sea_grid(student_summaries: Sequence[tuple[str, dict[str, Any]]],
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, path, title)
+
+
+COST_PANELS = (("ppl", "held-out perplexity", "{:.3f}"),
+               ("latency_x_teacher", "forward time / dense teacher's", "{:.2f}x"),
+               ("peak_x_teacher", "peak memory / dense teacher's", "{:.2f}x"))
+
+
+def plot_sea_costs(student_summaries: Sequence[tuple[str, dict[str, Any]]],
+                   path: str | os.PathLike[str], title: str = "") -> Path:
+    """SEA's Table A.6 as heatmaps, one row per student with measured costs: perplexity,
+    forward time and peak memory (both as multiples of the teacher's) over dynamic k
+    (columns) and query skip (rows), each cell annotated. Writes a PNG."""
+    import numpy as np
+
+    fig, axes = new_figure(len(COST_PANELS), width=4.2, height=3.2,
+                           nrows=len(student_summaries), squeeze=False)
+    for row, (name, s) in zip(axes, student_summaries, strict=True):
+        grid = s["inference"]
+        ks = sorted({g["k"] for g in grid})
+        skips = sorted({g["query_skip"] for g in grid})
+        cell = {(g["k"], g["query_skip"]): g for g in grid}
+        for ax, (key, label, fmt) in zip(row, COST_PANELS, strict=True):
+            values = np.array([[cell[k, q][key] if (k, q) in cell else np.nan for k in ks]
+                               for q in skips])
+            ax.imshow(values, cmap="viridis_r", aspect="auto")
+            middle = np.nanmean(values)
+            for (i, j), v in np.ndenumerate(values):
+                if not np.isnan(v):
+                    ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8,
+                            color="white" if v > middle else "black")
+            ax.set_xticks(range(len(ks)), [str(k) for k in ks])
+            ax.set_yticks(range(len(skips)), [str(q) for q in skips])
+            ax.set_xlabel("dynamic k (keys per query and head)")
+            ax.set_ylabel("query skip")
+            ax.set_title(f"{name}: {label}", fontsize=9)
+    return save_figure(fig, path, title)

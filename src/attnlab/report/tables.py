@@ -78,8 +78,18 @@ def students_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _grid_cell(g: Mapping[str, Any]) -> str:
+    """Perplexity (bpc), with the setting's time and memory against the teacher if measured."""
+    text = f"{g['ppl']:.3f} ({g['bpc']:.3f})"
+    if "latency_x_teacher" in g:
+        text += f"; {g['latency_x_teacher']:.2f}x time, {g['peak_x_teacher']:.2f}x memory"
+    return text
+
+
 def sea_grid_table(name: str, summary: Mapping[str, Any]) -> str:
-    """Markdown: the student's perplexity (bpc) at each dynamic k (rows) and query skip."""
+    """Markdown: the student's perplexity (bpc) at each dynamic k (rows) and query skip, and
+    where measured each setting's forward time and peak memory as multiples of the teacher's
+    (SEA's Table A.6), with the teacher's own values under the table."""
     grid = summary["inference"]
     skips = sorted({g["query_skip"] for g in grid})
     ks = sorted({g["k"] for g in grid})
@@ -87,9 +97,13 @@ def sea_grid_table(name: str, summary: Mapping[str, Any]) -> str:
     lines = [f"| {name}: k \\ query skip | " + " | ".join(map(str, skips)) + " |",
              "|" + "---|" * (len(skips) + 1)]
     for k in ks:
-        cells = [f"{cell[k, s]['ppl']:.3f} ({cell[k, s]['bpc']:.3f})" if (k, s) in cell else ""
-                 for s in skips]
+        cells = [_grid_cell(cell[k, s]) if (k, s) in cell else "" for s in skips]
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    if teacher := summary.get("inference_teacher"):
+        lines += ["", f"Time and memory: one forward of {teacher['batch']} x "
+                      f"{teacher['seq_len']} tokens, every setting and the dense teacher "
+                      f"alternating ({teacher['reps']} rounds, medians); the teacher: "
+                      f"{teacher['latency_ms']:.1f} ms, {teacher['peak_mb']:.1f} MiB peak."]
     return "\n".join(lines)
 
 

@@ -155,13 +155,14 @@ class SEACore(AttentionCore):
             state=None if usable is None else usable.estimator,
         )
         probs = self._estimate_probs(logits, lengths)
-        if self.estimate_sink is not None:
-            self.estimate_sink.append(SEAEstimate(probs.detach().clamp_min(0), lengths,
-                                                  rank_to_pos, t_k))
         gates = torch.sigmoid(scalers.to(probs.dtype))
         ranking = self._ranking(probs)
         if not self.causal and key_padding_mask is not None:  # padded rows select nothing
             ranking = ranking.masked_fill(~key_padding_mask[:, None, -t_q:, None], -1.0)
+        if self.estimate_sink is not None:
+            self.estimate_sink.append(SEAEstimate(
+                probs.detach().clamp_min(0), lengths, rank_to_pos, t_k, ranking.detach(),
+                self.k, self.topk_group))
         path = self.attention_path
         if path == "auto":
             path = "dense" if t_k <= DENSE_PATH_MAX_KEYS else "sparse"
@@ -195,10 +196,8 @@ class SEACore(AttentionCore):
 
             def self_target_loss(q: Tensor, k: Tensor, logits: Tensor) -> Tensor:
                 with torch.no_grad():
-                    dense = self._share_logits(q, k, scale, key_padding_mask, bias)
-                    probs = torch.softmax(dense, -1,
-                                          dtype=torch.promote_types(dense.dtype, torch.float32))
-                target = self._by_rank(probs.nan_to_num(0.0), rank_to_pos)
+                    probs = self._exact_probs(q, k, scale, key_padding_mask, bias)
+                target = self._by_rank(probs, rank_to_pos)
                 return estimate_loss(logits, lengths, target, self._kl_rows(q, key_padding_mask))
 
             aux["sea_estimate"] = self.loss_weight * _recomputed(self_target_loss, q, k, logits)
@@ -229,6 +228,22 @@ class SEACore(AttentionCore):
         estimate, attention = _recomputed(losses, q, k, logits)
         weight = 1.0 / self.n_layers
         return {"sea_estimate": weight * estimate, "sea_attention": weight * attention}
+
+    def attention_weights(
+        self, q: Tensor, k: Tensor, v: Tensor, *, scale: float,
+        key_padding_mask: Tensor | None = None, score_bias: ScoreBias | None = None,
+    ) -> Tensor:
+        """``[B, H, Tq, Tk]``: the exact attention of this layer's q, k over every key (what
+        SEA's estimate approximates; O(T^2), for inspection). Arguments as in :meth:`forward`
+        (``v`` is not read)."""
+        return self._exact_probs(q, k, scale, key_padding_mask,
+                                 None if score_bias is None else score_bias.fn)
+
+    def _exact_probs(self, q, k, scale, key_mask, bias: BiasFn | None) -> Tensor:
+        """The softmax of :meth:`_share_logits` in at least float32, 0 in rows with no key."""
+        logits = self._share_logits(q, k, scale, key_mask, bias)
+        probs = torch.softmax(logits, -1, dtype=torch.promote_types(logits.dtype, torch.float32))
+        return probs.nan_to_num(0.0)
 
     def _kl_rows(self, q: Tensor, key_mask: Tensor | None) -> int | None:
         """What the losses' KL is divided by: every row when causal ("batchmean"), the real

@@ -10,6 +10,7 @@ of a model (attnlab or Hugging Face) during the forwards run inside it:
     estimates[0].compressed          # layer 0: [B, H, T, K] probabilities over each row's bins
     estimates[0].dense()             # [B, H, T, T] over key positions (each bin spread evenly)
     estimates[0].key_importance()    # [B, T]: the attention each key is expected to receive
+    estimates[0].attended()          # [B, H, T, T] bool: the keys the exact attention used
 
 One :class:`SEAEstimate` per call of a core, in call order (a layer's cores are called once
 per forward; a long causal prefill at inference calls each core once per block of rows).
@@ -24,7 +25,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from attnlab.ops.sea import bin_edges, rank_bins
+from attnlab.ops.sea import attended_keys, bin_edges, rank_bins
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,13 +35,18 @@ class SEAEstimate:
     compressed: ``[B, H, Tq, K]`` the estimated attention of each query row over its ``K``
     bins (each row's bins stretched over the ``lengths`` keys it sees; empty bins 0).
     lengths: ``[B, Tq]``; rank_to_pos: ``[B, Tk]`` key position of each rank among the real
-    keys, or None (rank = position); n_keys: ``Tk``.
+    keys, or None (rank = position); n_keys: ``Tk``. ranking: ``[B, H, Tq, K]`` what the
+    core's top-k ranked (the estimate with its tie-breaking; rows left out negative), with
+    its key budget ``k`` and grouping ``group``.
     """
 
     compressed: Tensor
     lengths: Tensor
     rank_to_pos: Tensor | None
     n_keys: int
+    ranking: Tensor
+    k: int
+    group: str
 
     def dense(self) -> Tensor:
         """``[B, H, Tq, Tk]``: each bin's probability spread evenly over the bin's keys, at
@@ -56,6 +62,12 @@ class SEAEstimate:
             return by_rank
         positions = self.rank_to_pos[:, None, None, :].expand_as(by_rank)
         return torch.zeros_like(by_rank).scatter(-1, positions, by_rank)
+
+    def attended(self) -> Tensor:
+        """``[B, H, Tq, Tk]`` bool at key positions: the keys the core's exact attention
+        used (its top-k of the estimate, decompressed; True = attended)."""
+        return attended_keys(self.ranking, self.lengths, self.k, self.n_keys, group=self.group,
+                             rank_to_pos=self.rank_to_pos)
 
     def key_importance(self) -> Tensor:
         """``[B, Tk]``: the estimated attention each key receives, averaged over heads and

@@ -7,13 +7,14 @@ from attnlab.ops.performer.features import (
     softmax_features,
 )
 from attnlab.ops.performer.linear import PerformerState, performer_attention
-from attnlab.ops.performer.naive import performer_attention_naive
+from attnlab.ops.performer.naive import performer_attention_naive, performer_attention_weights
 
 __all__ = [
     "PerformerState",
     "orthogonal_gaussian",
     "performer_attention",
     "performer_attention_naive",
+    "performer_attention_weights",
     "relu_features",
     "softmax_feature_logits",
     "softmax_features",

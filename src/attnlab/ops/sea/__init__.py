@@ -2,6 +2,7 @@
 (the sparse attention kernels themselves are :mod:`attnlab.ops.sparse_attention`)."""
 
 from attnlab.ops.sea.attend import (
+    attended_keys,
     row_blocks,
     selected_attention,
     selected_attention_naive,
@@ -22,6 +23,7 @@ from attnlab.ops.sea.mask import (
 
 __all__ = [
     "GROUPS",
+    "attended_keys",
     "attention_distill_loss",
     "bin_edges",
     "causal_mean",

@@ -100,8 +100,7 @@ def selected_attention(
         lo, width, count = cell_runs(bins, keep, lengths[:, rows], n_bins, cap=k_per_head)
         scale_rows = None if row_scale is None else row_scale[..., rows]
         if dense:
-            key_index, valid = run_keys(lo, width, count, rank_to_pos)
-            mask = cell_mask(head, key_index, valid, q.shape[1], k.shape[-2])
+            mask = _runs_mask(head, lo, width, count, rank_to_pos, q.shape[1], k.shape[-2])
             bias = None if score_bias is None else dense_bias(
                 score_bias, q.shape[0], q.shape[1],
                 torch.arange(rows.start, rows.stop, device=q.device), k.shape[-2])
@@ -117,6 +116,25 @@ def selected_attention(
                 **weighting,
             ))
     return torch.cat(out, dim=-2)
+
+
+def _runs_mask(head: Tensor, lo: Tensor, width: Tensor, count: Tensor,
+               rank_to_pos: Tensor | None, n_heads: int, n_keys: int) -> Tensor:
+    """The dense ``[B, H, Tq, Tk]`` bool mask of listed runs of keys (True = attended)."""
+    key_index, valid = run_keys(lo, width, count, rank_to_pos)
+    return cell_mask(head, key_index, valid, n_heads, n_keys)
+
+
+def attended_keys(
+    ranking: Tensor, lengths: Tensor, k_per_head: int, n_keys: int, *, group: str = "heads",
+    rank_to_pos: Tensor | None = None,
+) -> Tensor:
+    """The keys :func:`selected_attention` attends, as a dense bool mask ``[B, H, Tq, Tk]``
+    (True = attended; O(Tq * Tk), for inspection). Arguments as in
+    :func:`selected_attention`; ``n_keys`` = ``Tk``."""
+    head, bins, keep = select_cell_list(ranking, lengths, k_per_head, group=group)
+    lo, width, count = cell_runs(bins, keep, lengths, ranking.shape[-1], cap=k_per_head)
+    return _runs_mask(head, lo, width, count, rank_to_pos, ranking.shape[1], n_keys)
 
 
 def selected_attention_naive(
