@@ -109,6 +109,13 @@ def test_distillation_steps_pay_for_the_teacher_and_the_evaluations():
     assert steps == int((SAFETY * 600.0 - 3.0 - 2 * 16 / 3) / (DISTILL_STEP_FACTORS["sea"] + 0.5))
     assert set(DISTILL_STEP_FACTORS) == set(STUDENTS)
     assert plan_distill_steps(with_grid, 600.0, FULL) < steps
+    # evaluations on the way (the convergence curve) and the grid's timing are paid for too
+    with_evals = dataclasses.replace(plain, evals=4)
+    assert distill_seconds(with_evals, 90) - distill_seconds(plain, 90) == pytest.approx(
+        4 * 8192 / 2048 / 3 / SAFETY)
+    timed = dataclasses.replace(with_grid, grid_reps=5, seq_len=256)
+    assert distill_seconds(timed, 90) - distill_seconds(with_grid, 90) == pytest.approx(
+        10 * 9 * 256 / 2048 / 3 / SAFETY)
     assert plan_distill_steps(plain, 1.0, FULL, floor=80) == 80
     assert plan_distill_steps(plain, distill_seconds(plain, 90) + 1e-6, FULL) == 90
 
@@ -121,7 +128,7 @@ def test_the_minimums_fit_the_reference_machine_in_the_default_budget():
              "sea": 0.803, "performer": 0.170}
     trained = {n: probe[n] for n in TRAINED}
     cost = DistillCost({n: probe[n] for n in STUDENTS}, probe["dense-h8-rope"], 2048, 8192,
-                       32768, {"sea": 9})
+                       32768, {"sea": 9}, evals=FULL.distill_evals, grid_reps=5, seq_len=256)
     needed = (train_seconds(trained, FULL.min_train_steps(2048), FULL, 2048)
               + distill_seconds(cost, FULL.min_distill_steps)
               + bench_min_seconds(FULL, probe[SPEED_PROBE], cuda=False) + FULL.report_reserve_s)
@@ -152,8 +159,10 @@ def test_smoke_demo_leaves_report_plots_and_json(smoke_demo, capsys):
                                            "reformer"}
     md = (out / "report.md").read_text()
     assert "## Is it faster in wall-clock, and at what quality?" in md
+    assert "### Distillation convergence" in md  # evaluated on the way (SEA's Fig. 4b)
+    assert "x time" in md and "x memory" in md  # the grid's costs (Table A.6)
     for name in ("quality.png", "scaling-attention-layer.png", "macs-vs-time.png",
-                 "sea-dynamic-k.png"):
+                 "sea-dynamic-k.png", "distillation-convergence.png", "sea-costs.png"):
         data = (out / name).read_bytes()
         assert data[:8] == PNG and len(data) > 10_000, name
     plan = json.loads((out / "plan.json").read_text())
