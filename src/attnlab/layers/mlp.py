@@ -1,4 +1,5 @@
-"""Feed-forward blocks, registered by name (``mlp: dense``); MoE MLPs register here too."""
+"""Feed-forward blocks, registered by name (``mlp: dense``, ``mlp: swiglu``); MoE MLPs
+register here too."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.layers.base import Aux, init_linear_
-from attnlab.layers.registry import MLPS
+from attnlab.layers.registry import MLPS, NoOptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,3 +56,26 @@ class DenseMLP(nn.Module):
 def _dense(ctx: MLPContext, options: DenseMLPOptions) -> DenseMLP:
     """Two-layer dense feed-forward block."""
     return DenseMLP(ctx, options)
+
+
+class SwiGLUMLP(nn.Module):
+    """Llama's gated MLP: ``x [B, T, d] -> (silu(x W_gate) * x W_up) W_down -> [B, T, d]``
+    (``d_ff`` = the width of the gate and up projections); returns (y, aux)."""
+
+    def __init__(self, ctx: MLPContext, options: NoOptions) -> None:
+        super().__init__()
+        self.gate = nn.Linear(ctx.d_model, ctx.d_ff, bias=False)
+        self.up = nn.Linear(ctx.d_model, ctx.d_ff, bias=False)
+        self.down = nn.Linear(ctx.d_ff, ctx.d_model, bias=False)
+        for lin in (self.gate, self.up, self.down):
+            init_linear_(lin.weight, lin.in_features, ctx.init_scale)
+        self.dropout = nn.Dropout(ctx.dropout)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Aux]:
+        return self.down(self.dropout(F.silu(self.gate(x)) * self.up(x))), {}
+
+
+@MLPS.register("swiglu", NoOptions)
+def _swiglu(ctx: MLPContext, options: NoOptions) -> SwiGLUMLP:
+    """SwiGLU feed-forward block (Llama's)."""
+    return SwiGLUMLP(ctx, options)

@@ -264,6 +264,8 @@ def _mlp_macs_per_token(cfg: RunConfig) -> int:
     opts = MLPS.options(model.mlp)
     if model.mlp.name == "dense":
         return 2 * model.d_model * model.d_ff
+    if model.mlp.name == "swiglu":  # gate, up and down
+        return 3 * model.d_model * model.d_ff
     if model.mlp.name == "sigma_moe":
         size = opts.expert_size or model.d_ff // opts.n_experts
         return (model.d_model * opts.n_experts

@@ -7,15 +7,19 @@ import dataclasses
 from attnlab.config import PartSpec
 from attnlab.layers import CORES, MLPS, AttentionConfig
 
+NORMS = ("layernorm", "rmsnorm")
+
 
 @dataclasses.dataclass
 class ModelConfig:
-    """Decoder-only pre-LayerNorm transformer.
+    """Decoder-only pre-norm transformer.
 
     ``max_seq_len`` bounds how many positions one attention call spans (cached or memory
     keys plus current tokens). ``memory_len`` > 0 turns on Transformer-XL memory: that many
     past tokens' keys and values are carried (without gradient) into the next chunk.
-    ``vocab_size`` None takes the tokenizer's size.
+    ``vocab_size`` None takes the tokenizer's size. ``norm``: ``layernorm`` (the papers'
+    blocks) or ``rmsnorm`` (Llama's), with ``norm_eps``; a Llama block is ``norm: rmsnorm``,
+    ``mlp: swiglu``, RoPE and grouped-query ``dense`` projections (``configs/llama/``).
     """
 
     vocab_size: int | None = None
@@ -24,6 +28,8 @@ class ModelConfig:
     d_ff: int = 1024
     dropout: float = 0.0
     tie_embeddings: bool = True
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
     max_seq_len: int = 1024
     memory_len: int = 0
     init_scale: float | None = None  # None = sqrt(2 / n_layers) (pre-LN residual scaling)
@@ -60,6 +66,10 @@ class ModelConfig:
             raise ValueError(
                 f"memory_len must be in [0, max_seq_len={self.max_seq_len}), got {self.memory_len}"
             )
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {list(NORMS)}, got {self.norm!r}")
+        if self.norm_eps <= 0:
+            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         core = self.attention.core.name

@@ -54,8 +54,16 @@ class LMOutput:
     cache: ModelCache | None
 
 
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The normalisation of ``cfg.norm`` over ``d_model`` (``nn.LayerNorm`` or
+    ``nn.RMSNorm``, with ``cfg.norm_eps``)."""
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+
+
 class Block(nn.Module):
-    """Pre-LayerNorm block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -64,9 +72,9 @@ class Block(nn.Module):
             max_seq_len=cfg.max_seq_len, layer_idx=layer_idx, n_layers=cfg.n_layers,
             init_scale=cfg.resolved_init_scale,
         )
-        self.ln_attn = nn.LayerNorm(cfg.d_model)
+        self.ln_attn = make_norm(cfg)
         self.attn = Attention(ctx, cfg.attention)
-        self.ln_mlp = nn.LayerNorm(cfg.d_model)
+        self.ln_mlp = make_norm(cfg)
         mlp_ctx = MLPContext(
             d_model=cfg.d_model, d_ff=cfg.d_ff, dropout=cfg.dropout, layer_idx=layer_idx,
             n_layers=cfg.n_layers, init_scale=cfg.resolved_init_scale,
@@ -106,7 +114,7 @@ class DecoderLM(nn.Module):
             nn.init.normal_(self.pos_embed.weight, std=0.02)
         self.dropout = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.ln_f = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
