@@ -1,5 +1,5 @@
 """The ``attnlab`` command line: train, distill, eval, long-context, generate, macs, match,
-bench, visualize, report, demo."""
+bench, export, visualize, report, demo."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _check_before_work(args: argparse.Namespace) -> None:
         resolve_device(args.device)
     outputs = {"--json": (getattr(args, "json", None), False),
                "--plot": (getattr(args, "plot", None), False)}
-    if args.command in ("report", "demo", "visualize"):
+    if args.command in ("report", "demo", "visualize", "export"):
         outputs["--out"] = (args.out, True)
     elif args.command == "match":
         outputs["--out"] = (args.out, False)

@@ -187,6 +187,13 @@ def cmd_bench_attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from attnlab.hf import export_run
+
+    print(f"saved {export_run(args.run, args.out)}")
+    return 0
+
+
 def cmd_visualize(args: argparse.Namespace) -> int:
     from attnlab.visualize import visualize
 

@@ -13,7 +13,7 @@ from attnlab.demo.plan import REAL_MODEL_CHOICES, REAL_MODEL_MINUTES
 
 DESCRIPTION = (
     "Train, distil, evaluate, benchmark and report efficient attention: train, distill, eval, "
-    "long-context, generate, macs, match, bench, visualize, report, demo."
+    "long-context, generate, macs, match, bench, export, visualize, report, demo."
 )
 
 
@@ -302,6 +302,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="FILE", help="save the records as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=commands.cmd_long_context)
+
+    p = sub.add_parser(
+        "export", help="a finished run as a Hugging Face folder (AutoModelForCausalLM)",
+        description="Write the run's newest checkpoint, tokenizer and a generation config as "
+                    "a Hugging Face folder (model_type attnlab, safetensors). Load it with "
+                    "AutoModelForCausalLM.from_pretrained(OUT) after `import attnlab.hf`.")
+    p.add_argument("--run", required=True, metavar="DIR",
+                   help="a finished attnlab train (or distill) run folder")
+    p.add_argument("--out", required=True, metavar="HF_DIR", help="the folder to write")
+    p.set_defaults(func=commands.cmd_export)
 
     p = sub.add_parser(
         "visualize", help="what a model's SEA or SwitchHead attention does on a text (PNG)",

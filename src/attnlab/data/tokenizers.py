@@ -65,6 +65,11 @@ class Tokenizer(ABC):
     def to_json(self) -> str:
         """What ``save`` writes to ``tokenizer.json``."""
 
+    @abstractmethod
+    def to_tokenizers(self) -> tokenizers.Tokenizer:
+        """The same mapping as a ``tokenizers.Tokenizer`` (what a Hugging Face fast tokenizer
+        wraps: exported models carry it)."""
+
     def save(self, directory: str | Path) -> Path:
         """Write ``directory/tokenizer.json`` atomically and return its path."""
         path = Path(directory) / TOKENIZER_FILE
@@ -97,6 +102,16 @@ class ByteTokenizer(Tokenizer):
 
     def to_json(self) -> str:
         return json.dumps({"type": "byte", "vocab_size": 256})
+
+    def to_tokenizers(self) -> tokenizers.Tokenizer:
+        """Byte-level BPE without merges whose vocabulary maps each byte's byte-level
+        character to the byte's value, so ids are the UTF-8 bytes as here."""
+        chars = _byte_chars()
+        tokenizer = tokenizers.Tokenizer(models.BPE({chars[b]: b for b in range(256)}, []))
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                           use_regex=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        return tokenizer
 
 
 class BPETokenizer(Tokenizer):
@@ -131,6 +146,25 @@ class BPETokenizer(Tokenizer):
 
     def to_json(self) -> str:
         return self._tokenizer.to_str()
+
+    def to_tokenizers(self) -> tokenizers.Tokenizer:
+        return tokenizers.Tokenizer.from_str(self._tokenizer.to_str())
+
+
+def _byte_chars() -> list[str]:
+    """The printable character byte-level BPE stands each byte for: the byte's own character
+    for printable Latin-1 bytes, 256 + n for the n-th other byte (the GPT-2 convention
+    ``tokenizers``' ByteLevel uses)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1),
+                 *range(0xAE, 0xFF + 1)]
+    chars, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:

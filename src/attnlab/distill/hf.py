@@ -32,9 +32,7 @@ import contextlib
 import copy
 import hashlib
 import logging
-import os
-import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +54,7 @@ from attnlab.hf.attention import CORE_ATTR
 from attnlab.hf.convert import CONFIG_KEY
 from attnlab.hf.positions import stretched
 from attnlab.layers.base import merge_aux
-from attnlab.utils.io import fsync_dir
+from attnlab.utils.io import write_folder
 
 logger = logging.getLogger(__name__)
 
@@ -130,30 +128,6 @@ def resolve_teacher(spec: str) -> Path:
             f"teacher {spec!r}: not a folder, and not in the local Hugging Face cache "
             f"({type(err).__name__}); nothing is downloaded: give the model's folder"
         ) from err
-
-
-def write_folder(final: Path, write: Callable[[Path], None]) -> None:
-    """Write a folder crash-safely: ``write`` fills a temporary sibling, every file is
-    fsynced, then the old folder is moved aside and the new one renamed into place (a crash
-    leaves either folder complete; only between the two renames is the old one under
-    ``.old-NAME-PID``), and the old one is removed."""
-    parent = final.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    for stale in [*parent.glob(f".tmp-{final.name}-*"), *parent.glob(f".old-{final.name}-*")]:
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = parent / f".tmp-{final.name}-{os.getpid()}"
-    old = parent / f".old-{final.name}-{os.getpid()}"
-    write(tmp)
-    for path in tmp.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as fh:
-                os.fsync(fh.fileno())
-    fsync_dir(tmp)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    fsync_dir(parent)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def sentence_embeddings(hidden: Tensor, mask: Tensor | None = None) -> Tensor:

@@ -8,6 +8,9 @@
 >>> student = attnlab.hf.load(out)                                   # converted again
 
 Supported: Llama-family (grouped-query), OPT, GPT-2 and BERT (:mod:`attnlab.hf.families`).
+attnlab's own models load as ``model_type: attnlab`` (:mod:`attnlab.hf.native`; ``attnlab
+export`` writes a run as such a folder); importing this package registers them with the Auto
+classes.
 The attention runs through transformers' attention registry together with a mask function
 (:mod:`attnlab.hf.attention`). Needs the ``hf`` extra: ``pip install 'attnlab[hf]'``.
 """
@@ -19,10 +22,16 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from attnlab.hf.attention import ATTN_IMPLEMENTATION, Collected
 from attnlab.hf.convert import check_student, collect, convert, cores, load, set_inference
+from attnlab.hf.export import export_run
 from attnlab.hf.families import FAMILIES, UnsupportedModelError
+from attnlab.hf.native import AttnlabConfig, AttnlabForCausalLM, from_decoder, register
+
+register()
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
+    "AttnlabConfig",
+    "AttnlabForCausalLM",
     "FAMILIES",
     "Collected",
     "UnsupportedModelError",
@@ -30,6 +39,8 @@ __all__ = [
     "collect",
     "convert",
     "cores",
+    "export_run",
+    "from_decoder",
     "load",
     "set_inference",
 ]

@@ -23,6 +23,7 @@ from attnlab.hf.attention import (
     attach_state_hooks,
 )
 from attnlab.hf.families import Family, UnsupportedModelError, family_of
+from attnlab.hf.native import MODEL_TYPE, AttnlabForCausalLM
 from attnlab.layers import CORES, AttentionCore, LayerContext
 
 logger = logging.getLogger(__name__)
@@ -244,7 +245,9 @@ def load(
     """Load a Hugging Face model folder of a supported architecture, offline.
 
     A folder saved (``save_pretrained``) after :func:`convert` comes back converted, with its
-    trained cores; any other model folder loads as the plain (teacher) model.
+    trained cores; an exported attnlab model (``model_type: attnlab``) as
+    :class:`~attnlab.hf.native.AttnlabForCausalLM`; any other model folder loads as the plain
+    (teacher) model.
 
     Args:
         path: the model folder.
@@ -263,6 +266,8 @@ def load(
         raise FileNotFoundError(f"{marker} is missing: not a Hugging Face model folder")
     extra = {"gguf_file": gguf_file} if gguf_file else {}
     config = transformers.AutoConfig.from_pretrained(folder, **extra)
+    if config.model_type == MODEL_TYPE:  # attnlab's own model (attnlab export)
+        return AttnlabForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
     family = family_of(config)
     cls = model_class or getattr(transformers, (config.architectures or [family.default_class])[0])
     saved = getattr(config, CONFIG_KEY, None)

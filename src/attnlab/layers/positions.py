@@ -71,13 +71,21 @@ class RotaryPositions(Positions):
 
     def __init__(self, d_head: int, options: RopeOptions) -> None:
         super().__init__()
-        n_pairs = int(d_head * options.fraction) // 2
-        if n_pairs < 1:
+        self.n_pairs = int(d_head * options.fraction) // 2
+        if self.n_pairs < 1:
             raise ValueError(
                 f"rope fraction {options.fraction} rotates no channel of d_head={d_head}"
             )
-        inv_freq = options.base ** (-torch.arange(n_pairs, dtype=torch.float32) / n_pairs)
-        self.register_buffer("inv_freq", inv_freq / options.interpolation, persistent=False)
+        self.options = options
+        self.register_buffer("inv_freq", torch.empty(self.n_pairs), persistent=False)
+        self.init_buffers()
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """(Re)compute the derived, unsaved ``inv_freq`` (also after a meta-device build)."""
+        o, n = self.options, self.n_pairs
+        inv_freq = o.base ** (-torch.arange(n, dtype=torch.float32) / n) / o.interpolation
+        self.inv_freq = inv_freq.to(self.inv_freq.device, self.inv_freq.dtype)
 
     def rotate(
         self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor
@@ -191,8 +199,15 @@ class AlibiPositions(Positions):
     def __init__(self, ctx: LayerContext, options: AlibiOptions) -> None:
         super().__init__()
         self.causal = ctx.causal
-        self.register_buffer("slopes", alibi_slopes(ctx.n_heads, options.exponent),
-                             persistent=False)
+        self.n_heads, self.exponent = ctx.n_heads, options.exponent
+        self.register_buffer("slopes", torch.empty(ctx.n_heads), persistent=False)
+        self.init_buffers()
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """(Re)compute the derived, unsaved ``slopes`` (also after a meta-device build)."""
+        slopes = alibi_slopes(self.n_heads, self.exponent)
+        self.slopes = slopes.to(self.slopes.device, self.slopes.dtype)
 
     def score_bias(
         self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor, scale: float,

@@ -1,4 +1,5 @@
-"""Crash-safe file writes: write a temporary file, fsync it, rename it over the target.
+"""Crash-safe file writes: write a temporary file (or folder), fsync it, rename it over the
+target.
 
 A killed process leaves either the old file or the complete new one, never a partial file.
 """
@@ -8,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -82,3 +84,27 @@ def unwritable_reason(path: str | os.PathLike[str], *, folder: bool = False) -> 
     except OSError as err:
         return f"{existing} does not take new files ({err.strerror or err})"
     return None
+
+
+def write_folder(final: Path, write: Callable[[Path], None]) -> None:
+    """Write a folder crash-safely: ``write`` fills a temporary sibling, every file is
+    fsynced, then the old folder is moved aside and the new one renamed into place (a crash
+    leaves either folder complete; only between the two renames is the old one under
+    ``.old-NAME-PID``), and the old one is removed."""
+    parent = final.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    for stale in [*parent.glob(f".tmp-{final.name}-*"), *parent.glob(f".old-{final.name}-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = parent / f".tmp-{final.name}-{os.getpid()}"
+    old = parent / f".old-{final.name}-{os.getpid()}"
+    write(tmp)
+    for path in tmp.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+    fsync_dir(tmp)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync_dir(parent)
+    shutil.rmtree(old, ignore_errors=True)
