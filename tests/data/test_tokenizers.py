@@ -79,3 +79,15 @@ def test_load_tokenizer_errors(tmp_path):
     (tmp_path / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": 3}}')
     with pytest.raises(ValueError, match="tokenizer.json: a damaged BPE model"):
         load_tokenizer(tmp_path)
+
+
+TRICKY = "Héllo wörld — 你好\n\tx  y \x00\x7f"
+
+
+def test_tokenizers_form_encodes_and_decodes_as_the_tokenizer():
+    """What exported models carry: the same ids and text, for bytes and for BPE."""
+    for tokenizer in (ByteTokenizer(), train_bpe([TRICKY * 20, "plain words " * 50], 300)):
+        exported = tokenizer.to_tokenizers()
+        ids = exported.encode(TRICKY, add_special_tokens=False).ids
+        assert ids == tokenizer.encode(TRICKY)
+        assert exported.decode(ids) == TRICKY

@@ -65,10 +65,11 @@ class Tokenizer(ABC):
     def to_json(self) -> str:
         """What ``save`` writes to ``tokenizer.json``."""
 
-    @abstractmethod
     def to_tokenizers(self) -> tokenizers.Tokenizer:
         """The same mapping as a ``tokenizers.Tokenizer`` (what a Hugging Face fast tokenizer
-        wraps: exported models carry it)."""
+        wraps: exported models carry it); by default the ``tokenizers`` JSON of
+        :meth:`to_json`."""
+        return tokenizers.Tokenizer.from_str(self.to_json())
 
     def save(self, directory: str | Path) -> Path:
         """Write ``directory/tokenizer.json`` atomically and return its path."""
@@ -146,9 +147,6 @@ class BPETokenizer(Tokenizer):
 
     def to_json(self) -> str:
         return self._tokenizer.to_str()
-
-    def to_tokenizers(self) -> tokenizers.Tokenizer:
-        return tokenizers.Tokenizer.from_str(self._tokenizer.to_str())
 
 
 def _byte_chars() -> list[str]:

@@ -73,8 +73,9 @@ HOW_TO_READ = {
         "The same settings with what they cost: one forward of a held-out sequence at the "
         "distillation context, each setting and the dense teacher timed alternately in one "
         "run (medians), and the peak memory of one forward; both as multiples of the "
-        "teacher's (below 1 is cheaper). At short contexts the estimator's fixed cost "
-        "outweighs the saved attention; SEA's case is long contexts."),
+        "teacher's (below 1 is cheaper); lighter cells are better in every panel. At short "
+        "contexts the estimator's fixed cost outweighs the saved attention; SEA's case is long "
+        "contexts."),
     "serve": (
         "Whole models side by side (`attnlab bench serve`, alternating rounds): cached "
         "decoding in tokens per second from a cache of T tokens, and one prefill of T tokens "
