@@ -91,19 +91,24 @@ def test_a_norm_the_model_cannot_take_is_refused():
         llama_model(norm_eps=0.0)
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m-dense", "smollm2-135m-switchhead"])
-def test_llama_configs_have_smollm2_135m_parameters(name):
+LLAMA_CONFIGS = {"smollm2-135m-dense": 134_515_008, "smollm2-135m-switchhead": 134_515_008,
+                 "small-dense": 4_222_208, "small-switchhead": 4_220_672}
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA_CONFIGS))
+def test_llama_configs_have_their_parameters(name):
     """configs/llama/: SmolLM2-135M's shape (134,515,008 parameters, its published count)
-    dense, and SwitchHead with the same parameters (matched by attnlab match)."""
+    and a small one, each dense and SwitchHead with the same parameters (attnlab match)."""
     from attnlab.cli.args import resolve_config_path
     from attnlab.metrics import attention_cost
     from attnlab.train import load_run_config
 
     cfg = load_run_config(resolve_config_path(f"llama/{name}"))
+    cfg.model.vocab_size = cfg.model.vocab_size or 256  # the small ones: byte-level
     with torch.device("meta"):
         model = DecoderLM(cfg.model)
-    assert sum(p.numel() for p in model.parameters()) == 134_515_008
+    assert sum(p.numel() for p in model.parameters()) == LLAMA_CONFIGS[name]
     blocks = model.blocks[0]
     assert isinstance(blocks.ln_attn, torch.nn.RMSNorm) and hasattr(blocks.mlp, "gate")
     cost = attention_cost(cfg)
-    assert cost["params"] == 134_515_008 and cost["attention_macs"] > 0
+    assert cost["params"] == LLAMA_CONFIGS[name] and cost["attention_macs"] > 0

@@ -35,8 +35,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
     tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=run.tokenizer.to_tokenizers(),
         model_max_length=run.cfg.model.max_seq_len)
-    model.generation_config = transformers.GenerationConfig(
-        max_length=run.cfg.model.max_seq_len, do_sample=False)
+    model.generation_config = transformers.GenerationConfig(do_sample=False)
 
     def write(folder: Path) -> None:
         model.save_pretrained(folder)
