@@ -9,3 +9,15 @@ def dump_config(cfg: dict, path: Path) -> str:
     """Write a run-config dict as YAML to ``path``; returns the path as a string."""
     path.write_text(yaml.safe_dump(cfg))
     return str(path)
+
+
+def tiny_run_config(corpus: Path, cache_dir: Path, steps: int, batch_size: int = 2) -> dict:
+    """A run-config dict of a 2-layer, d=32 model on ``corpus`` (a text file) that trains
+    ``steps`` steps of ``batch_size`` x 32 tokens, evaluates once at the end on 512 tokens
+    and checkpoints at the end."""
+    return {"model": {"d_model": 32, "n_layers": 2, "d_ff": 64, "max_seq_len": 64,
+                      "attention": {"n_heads": 2}},
+            "data": {"corpus": "text", "path": str(corpus), "cache_dir": str(cache_dir)},
+            "train": {"steps": steps, "batch_size": batch_size, "seq_len": 32,
+                      "eval_every": 0, "eval_tokens": 512, "final_eval_tokens": 512,
+                      "ckpt_every": steps, "log_every": steps}}

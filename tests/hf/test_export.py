@@ -19,6 +19,7 @@ from attnlab.models import DecoderLM, ModelConfig
 from attnlab.train import load_run_config, train
 from attnlab.train.run import load_run
 from attnlab.utils.testing import assert_close
+from tests.helpers import tiny_run_config
 
 PROMPT = "import collections\n"
 BASE = {"vocab_size": 64, "d_model": 32, "n_layers": 2, "d_ff": 48, "max_seq_len": 64,
@@ -75,12 +76,7 @@ def test_labels_give_the_models_next_token_loss():
 def runs(tmp_path_factory, text_corpus):
     """Finished tiny runs: dense (byte tokenizer), SwitchHead and SEA (BPE tokenizer)."""
     root = tmp_path_factory.mktemp("runs")
-    base = {"model": {"d_model": 32, "n_layers": 2, "d_ff": 64, "max_seq_len": 64,
-                      "attention": {"n_heads": 2}},
-            "data": {"corpus": "text", "path": str(text_corpus),
-                     "cache_dir": str(root / "cache")},
-            "train": {"steps": 4, "batch_size": 2, "seq_len": 32, "eval_every": 0,
-                      "eval_tokens": 256, "final_eval_tokens": 256, "ckpt_every": 4}}
+    base = tiny_run_config(text_corpus, root / "cache", steps=4, batch_size=2)
     attention = {"dense": {"n_heads": 2},
                  "switchhead": {"n_heads": 2, "projections": {"name": "switchhead",
                                                               "n_experts": 4, "k": 2}},

@@ -21,6 +21,7 @@ from attnlab.train.run import load_run
 from attnlab.visualize import open_subject, visualize
 from attnlab.visualize.sea import sea_maps
 from attnlab.visualize.switchhead import expert_choices
+from tests.helpers import tiny_run_config
 
 TEXT = ("def visualize(path, text):\n    \"\"\"Draw what the attention of a model does on a "
         "text, layer by layer and head by head.\"\"\"\n    return path, text\n")
@@ -41,13 +42,7 @@ def assert_picture(path, min_size=(300, 300)):
 def runs(tmp_path_factory, text_corpus):
     """A dense teacher, its SEA student (distilled a few steps) and a SwitchHead model."""
     root = tmp_path_factory.mktemp("runs")
-    base = {"model": {"d_model": 32, "n_layers": 2, "d_ff": 64, "max_seq_len": 64,
-                      "attention": {"n_heads": 2}},
-            "data": {"corpus": "text", "path": str(text_corpus),
-                     "cache_dir": str(root / "cache")},
-            "train": {"steps": 6, "batch_size": 4, "seq_len": 32, "eval_every": 0,
-                      "eval_tokens": 512, "final_eval_tokens": 512, "ckpt_every": 6,
-                      "log_every": 3}}
+    base = tiny_run_config(text_corpus, root / "cache", steps=6, batch_size=4)
     train(load_run_config(base=base), root / "teacher", progress=False)
     distill(load_distill_config(base={"distill": {
         "teacher": str(root / "teacher"), "student_attention": SEA, "steps": 2, "batch_size": 2,
