@@ -79,16 +79,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _import_plugins(args.plugin)
         _check_before_work(args)
-        return args.func(args)
+        code = args.func(args)
     except RunInterrupted as err:  # Ctrl-C / SIGTERM in train or distill: saved, resumable
-        return _stop(args, f"{err}; continue with: attnlab {args.command} --out {err.folder} "
+        code = _stop(args, f"{err}; continue with: attnlab {args.command} --out {err.folder} "
                            "--resume", err.exit_code)
     except KeyboardInterrupt:
-        return _stop(args, "interrupted", 130)
+        code = _stop(args, "interrupted", 130)
     except RunFailed as err:  # a training process of the demo: its error and log
-        return _stop(args, f"error: {err}", 1)
+        code = _stop(args, f"error: {err}", 1)
     except _user_errors() as err:
-        return _stop(args, f"error: {str(err).strip() or type(err).__name__}", 2)
+        code = _stop(args, f"error: {str(err).strip() or type(err).__name__}", 2)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _exit_worker(code)
+    return code
+
+
+def _exit_worker(code: int) -> None:
+    """End a torchrun worker now, its work done, output flushed and process group left.
+
+    An ordinary interpreter exit runs C++ static destructors, and gloo's connection threads
+    can still be joinable then: under load a rank aborted there ("terminate called without an
+    active exception", exit -6) after a run that had finished and saved, and torchrun then
+    reported the whole job as failed. Nothing is left to clean up that the OS does not.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _stop(args: argparse.Namespace, message: str, code: int) -> int:
