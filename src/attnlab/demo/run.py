@@ -331,12 +331,13 @@ class Demo:
                      names: tuple[str, ...] = tuple(STUDENTS)) -> DistillCost:
         """What distilling ``names`` costs, at ``pace`` times the probed step times."""
         d = self.distill_config("sea", 1).distill
-        tokens = d.batch_size * (d.seq_len or self.config(TRAINED[TEACHER]).train.seq_len)
+        seq_len = d.seq_len or self.config(TRAINED[TEACHER]).train.seq_len
+        tokens = d.batch_size * seq_len
         grid = {"sea": SEA_GRID_KS * len(d.query_skip)}
         return DistillCost({n: pace * step_s[n] for n in names}, pace * step_s[TEACHER],
                            tokens, d.eval_tokens, d.final_eval_tokens or d.eval_tokens, grid,
                            evals=self.scale.distill_evals, grid_reps=d.grid_reps,
-                           seq_len=tokens // d.batch_size)
+                           seq_len=seq_len)
 
     def plan_distill(self, plan: dict[str, Any], step_s: dict[str, float]) -> int:
         """The distillation steps, planned once training is done at the pace it measured

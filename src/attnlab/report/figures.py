@@ -164,3 +164,11 @@ def mark_inconclusive(rows: list[dict[str, Any]], key: str, stage: str,
         row["inconclusive"] = next((f["reason"] for f in shortfalls
                                     if f["stage"] == stage and row[key] in f["names"]), None)
     return rows
+
+
+def sea_grid_axes(grid: Sequence[Mapping[str, Any]]
+                  ) -> tuple[list[int], list[int], dict[tuple[int, int], Mapping[str, Any]]]:
+    """A SEA inference grid's dynamic ks and query skips (ascending) and its entry of each
+    ``(k, query_skip)`` measured."""
+    return (sorted({g["k"] for g in grid}), sorted({g["query_skip"] for g in grid}),
+            {(g["k"], g["query_skip"]): g for g in grid})

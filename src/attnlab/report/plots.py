@@ -13,6 +13,7 @@ from typing import Any
 
 from attnlab.bench.plot import save_figure
 from attnlab.report.curves import new_figure
+from attnlab.report.figures import sea_grid_axes
 
 
 def _axis_scale(values: Sequence[float]) -> str:
@@ -94,10 +95,7 @@ def plot_sea_costs(student_summaries: Sequence[tuple[str, dict[str, Any]]],
     fig, axes = new_figure(len(COST_PANELS), width=4.2, height=3.2,
                            nrows=len(student_summaries), squeeze=False)
     for row, (name, s) in zip(axes, student_summaries, strict=True):
-        grid = s["inference"]
-        ks = sorted({g["k"] for g in grid})
-        skips = sorted({g["query_skip"] for g in grid})
-        cell = {(g["k"], g["query_skip"]): g for g in grid}
+        ks, skips, cell = sea_grid_axes(s["inference"])
         for ax, (key, label, fmt) in zip(row, COST_PANELS, strict=True):
             values = np.array([[cell[k, q][key] if (k, q) in cell else np.nan for k in ks]
                                for q in skips])

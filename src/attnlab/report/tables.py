@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from attnlab.report.curves import metric_label
+from attnlab.report.figures import sea_grid_axes
 
 
 def fmt(value: Any, spec: str = ".3f", none: str = "-") -> str:
@@ -90,10 +91,7 @@ def sea_grid_table(name: str, summary: Mapping[str, Any]) -> str:
     """Markdown: the student's perplexity (bpc) at each dynamic k (rows) and query skip, and
     where measured each setting's forward time and peak memory as multiples of the teacher's
     (SEA's Table A.6), with the teacher's own values under the table."""
-    grid = summary["inference"]
-    skips = sorted({g["query_skip"] for g in grid})
-    ks = sorted({g["k"] for g in grid})
-    cell = {(g["k"], g["query_skip"]): g for g in grid}
+    ks, skips, cell = sea_grid_axes(summary["inference"])
     lines = [f"| {name}: k \\ query skip | " + " | ".join(map(str, skips)) + " |",
              "|" + "---|" * (len(skips) + 1)]
     for k in ks:

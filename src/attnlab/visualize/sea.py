@@ -69,18 +69,18 @@ def reference_label(subject: Subject) -> str:
 
 def _reference(subject: Subject, layers: Sequence[int], calls: dict[int, Call]) -> dict:
     """``layer -> [H, T, T]``: the teacher's attention, or the model's own exact one."""
+    model_cores = subject.cores(subject.model)
     if subject.teacher is None:
-        cores = subject.cores(subject.model)
-        return {i: cores[i].attention_weights(*calls[i].args, **_scoring(calls[i]))[0]
-                for i in layers}
-    cores = subject.cores(subject.teacher)
-    if len(cores) != len(subject.cores(subject.model)):
-        raise ConfigError(f"the teacher has {len(cores)} layers and the model "
-                          f"{len(subject.cores(subject.model))}: not its teacher")
-    with captured_calls([cores[i] for i in layers]) as teacher_calls:
-        subject.run(subject.teacher)
+        cores, used = model_cores, [calls[i] for i in layers]
+    else:
+        cores = subject.cores(subject.teacher)
+        if len(cores) != len(model_cores):
+            raise ConfigError(f"the teacher has {len(cores)} layers and the model "
+                              f"{len(model_cores)}: not its teacher")
+        with captured_calls([cores[i] for i in layers]) as used:
+            subject.run(subject.teacher)
     return {i: cores[i].attention_weights(*call.args, **_scoring(call))[0]
-            for i, call in zip(layers, teacher_calls, strict=True)}
+            for i, call in zip(layers, used, strict=True)}
 
 
 def sea_maps(subject: Subject, layers: Sequence[int]) -> list[SEAMaps]:
