@@ -1,8 +1,17 @@
 """Small helpers shared by tests."""
 
+import hashlib
 from pathlib import Path
 
 import yaml
+
+
+def tree_checksums(root: Path) -> dict[str, str]:
+    """``{relative path: sha256}`` of every file under ``root`` (a file: just itself), to
+    check that a refused command left it exactly as it was."""
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    return {str(p.relative_to(root) if p != root else p.name):
+            hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
 def dump_config(cfg: dict, path: Path) -> str:

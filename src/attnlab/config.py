@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from attnlab.utils.readers import read_text
+
 T = TypeVar("T")
 
 
@@ -188,8 +190,8 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as err:
-        problem = " ".join(str(getattr(err, "problem", None) or err).split())
-        raise ConfigError(f"override {assignment!r}: the value is not valid YAML ({problem}); "
+        raise ConfigError(f"override {assignment!r}: the value is not valid YAML "
+                          f"({yaml_problem(err)}); "
                           "quote a mapping, e.g. --set 'key={name: sea, k: 16}'") from err
     node = data
     for key in keys[:-1]:
@@ -201,17 +203,26 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     node[keys[-1]] = value
 
 
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error in one line: the problem and, when known, where it is."""
+    problem = " ".join(str(getattr(err, "problem", None) or err).split())
+    mark = getattr(err, "problem_mark", None)
+    return problem if mark is None else \
+        f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping from ``path`` with a clear error for missing or invalid files."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not a text (UTF-8) YAML file") from err
+        data = yaml.safe_load(read_text(path, "a YAML file"))
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        raise ConfigError(f"{path}: not valid YAML ({yaml_problem(err)})") from err
+    if data is None:  # read as the defaults, it would stand for a config it is not
+        raise ConfigError(f"{path}: the file holds no settings (empty, or only comments); "
+                          "a config is a mapping of sections")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     return data

@@ -19,15 +19,17 @@ from attnlab.bench.common import (
     time_side_by_side,
     write_json,
 )
+from attnlab.utils.provenance import available_cores
 
 MIB = 2**20
 
 
 def test_machine_info_schema():
     info = machine_info()
-    assert set(info) == {"cpu", "threads", "gpu", "torch", "malloc_tuned"}
+    assert set(info) == {"cpu", "cores", "threads", "gpu", "torch", "malloc_tuned"}
     assert isinstance(info["cpu"], str) and info["cpu"]
     assert info["threads"] == torch.get_num_threads()
+    assert info["cores"] == available_cores() >= 1
     assert info["gpu"] is None or isinstance(info["gpu"], str)
     assert info["torch"] == torch.__version__
 

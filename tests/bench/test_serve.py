@@ -14,9 +14,15 @@ pytest.importorskip("transformers")
 
 from attnlab.bench import serve, serve_inputs, serve_report  # noqa: E402
 from attnlab.bench.common import read_json, read_summary  # noqa: E402
-from attnlab.bench.hf import TINY_LLAMA, TINY_MODEL, tiny_llama  # noqa: E402
+from attnlab.bench.hf import (  # noqa: E402
+    TINY_LLAMA,
+    TINY_MODEL,
+    original_fingerprint,
+    tiny_llama,
+)
 from attnlab.cli import main  # noqa: E402
 from attnlab.config import ConfigError  # noqa: E402
+from attnlab.utils.provenance import available_cores  # noqa: E402
 
 SEA = {"name": "sea", "k": 4, "predictor_length": 8}
 SEQ_LENS, BATCHES, STEPS, WARMUP, REPS = (32, 64), (1, 2), 2, 2, 2
@@ -55,6 +61,9 @@ def test_records_per_cell_with_ratios(tiny_run):
     for r in records:
         assert r.bench == "serve" and r.pass_ == "fwd" and r.baseline == "original"
         assert r.shape["model"] == TINY_MODEL
+        assert r.shape["model_sha256"] == original_fingerprint(seed=0) != original_fingerprint(
+            seed=1)  # the tiny Llama of seed 0, not another one
+        assert r.shape["keys_per_row"] == (SEA["k"] if r.name == "sea" else None)
         assert r.shape["padding"] == ("left" if r.shape["batch"] > 1 else "none")
         assert r.ratio == pytest.approx(r.ms_median / base[_cell(r)[:-1]].ms_median)
         assert 0 < r.ms_min <= r.ms_median and r.peak_mem_mb > 0
@@ -109,6 +118,7 @@ def test_json_round_trip(tiny_run):
     records, path = tiny_run
     machine, back = read_json(path)
     assert back == records and machine["threads"] == 1
+    assert machine["cores"] == available_cores()
     assert read_summary(path) == json.loads(json.dumps(serve_report.summarize(records)))
 
 
@@ -166,6 +176,23 @@ def test_validation():
         serve.run(seq_lens=[21, 64], steps=8, warmup=2, reps=2, **kwargs)
     with pytest.raises(ConfigError, match="reformer"):
         serve.run(cores=["reformer"], seq_lens=[32])
+    cores = available_cores()
+    with pytest.raises(ValueError, match=f"{cores + 1} threads on {cores} CPU cores"):
+        serve.run(seq_lens=[32], threads=cores + 1, **kwargs)
+    torch.set_num_threads(cores + 1)  # e.g. OMP_NUM_THREADS: torch's own setting counts too
+    try:
+        with pytest.raises(ValueError, match=f"{cores + 1} threads on {cores} CPU cores"):
+            serve.run(seq_lens=[32], **kwargs)
+    finally:
+        torch.set_num_threads(1)
+    with pytest.raises(ConfigError, match="core sea keeps 32 keys per row, not fewer than the "
+                                          "context 32"):
+        serve.run(cores=[{**SEA, "k": 32}], seq_lens=[64, 32], progress=False)
+    with pytest.raises(ConfigError, match="core window keeps 64 keys per row"):
+        serve.run(cores=[{"name": "window", "sinks": 4, "window": 60}], seq_lens=[64],
+                  progress=False)
+    with pytest.raises(ConfigError, match="core window keeps 1028 keys per row"):
+        serve.run(cores=["window"], seq_lens=[64], progress=False)  # its defaults count
     with pytest.raises(ConfigError, match="seq_len 16384 .* 8192"):
         serve.run(seq_lens=[TINY_LLAMA["max_position_embeddings"] * 2], **kwargs)
 

@@ -15,6 +15,7 @@ from attnlab.evals import long_context
 from attnlab.evals.long_context import LongContextConfig, format_table, run
 from attnlab.evals.models import Models
 from attnlab.evals.variants import parse_variant
+from attnlab.utils.provenance import available_cores, model_fingerprint
 from tests.hf.models import save_model
 
 SMALL = LongContextConfig(lengths=(256, 320), ppl_tokens=200, depths=(0.1, 0.9), prompts=2)
@@ -85,6 +86,8 @@ def test_a_student_reads_its_trained_positions_stretched(student, llama):
     (["--variant", "{name: window, window: 0}"], "window must be >= 1"),
     (["--variant", "{name: oracle, kk: 3}"], "kk"),
     (["--variant", "{name: sea, student: /nonexistent}"], "not a student folder"),
+    (["--variant", "{name: sea, k: 4}"], "would run untrained"),
+    (["--variant", "{name: oracle}"], "keeps 256 keys per row"),  # its default k counts
     (["--lengths", "128"], "a passkey prompt needs at least"),
     (["--depths", "1.5"], "depth must be between 0 and 1"),
     (["--tasks", "ppl"], "tasks must be some of"),
@@ -115,5 +118,12 @@ def test_the_cli_prints_the_table_and_saves_json(llama, tmp_path, capsys):
     assert main(["long-context", "--model", str(llama), "--lengths", "256", "--tasks",
                  "perplexity", "--ppl-tokens", "100", "--variant", "original", "--variant",
                  "{name: oracle, k: 8, label: top8}", "--json", str(out), "--quiet"]) == 0
-    assert "| top8 | 8 | 256 |" in capsys.readouterr().out
-    assert [r["variant"] for r in json.loads(out.read_text())["records"]] == ["original", "top8"]
+    printed = capsys.readouterr().out
+    assert "| top8 | 8 | 256 |" in printed
+    saved = json.loads(out.read_text())
+    assert [r["variant"] for r in saved["records"]] == ["original", "top8"]
+    assert saved["model_sha256"] == model_fingerprint(llama)
+    assert f"model: {llama} (fingerprint {saved['model_sha256']})" in printed
+    assert saved["cores"] == available_cores() and saved["threads"] >= 1
+    assert all(r["documents"] >= 1 and r["tokens"] >= 100 and not r["inconclusive"]
+               for r in saved["records"])

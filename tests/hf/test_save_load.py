@@ -40,7 +40,7 @@ def test_missing_and_non_model_folders_are_clear_errors(tmp_path):
         attnlab.hf.load(tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match="config.json is missing"):
         attnlab.hf.load(tmp_path)
-    with pytest.raises(FileNotFoundError, match="model.gguf is missing"):
+    with pytest.raises(FileNotFoundError, match="the GGUF file model.gguf is not in"):
         attnlab.hf.load(tmp_path, gguf_file="model.gguf")
 
 

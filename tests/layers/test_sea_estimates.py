@@ -63,6 +63,13 @@ def test_a_model_without_sea_is_refused():
             pass
 
 
+def test_what_is_not_a_model_is_a_type_error():
+    with pytest.raises(TypeError, match=r"model must be a model \(torch.nn.Module\) holding "
+                                        "SEA cores, got torch.Tensor"):
+        with record_estimates(torch.zeros(2, 3)):
+            pass
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_attended_keys_are_what_the_core_attended(causal):
     """With the output gates open (the sparse attention alone), the core's output is the

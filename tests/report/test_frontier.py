@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 
 import pytest
 
@@ -10,19 +12,22 @@ from attnlab.bench.common import Record, fill_ratios, write_json
 from attnlab.report import build_report, collect
 from attnlab.report.frontier import frontier_points, frontier_table, merged, plot_frontier
 
+FINGERPRINT = "0123456789ab"
+
 OPTIONS = {"sea": {"k": 256, "predictor_length": 64},
            "window(sinks=4,window=252)": {"sinks": 4, "window": 252},
            "window(sinks=4,window=124)": {"sinks": 4, "window": 124}}
 
 
-def serve_records():
+def serve_records(model="m", fingerprint=FINGERPRINT):
     """Records as ``attnlab bench serve`` writes them: ratios, then each core's options."""
     cells = [("original", "prefill", 100.0, 1), ("original", "decode", 10.0, 1),
              ("original", "decode", 20.0, 8), ("sea", "prefill", 80.0, 1),
              ("sea", "decode", 12.5, 1), ("window(sinks=4,window=252)", "decode", 5.0, 1),
              ("window(sinks=4,window=124)", "decode", 4.0, 1)]
-    records = [Record("serve", name, "fwd", {"model": "m", "op": op, "seq_len": 2048,
-                                             "batch": batch, "dtype": "float32"}, ms, ms, 100.0)
+    records = [Record("serve", name, "fwd", {"model": model, "model_sha256": fingerprint,
+                                             "op": op, "seq_len": 2048, "batch": batch,
+                                             "dtype": "float32"}, ms, ms, 100.0)
                for name, op, ms, batch in cells]
     fill_ratios(records, "original")
     for r in records:
@@ -53,8 +58,8 @@ def long_context_result():
         for depth, c in zip((0.1, 0.9), correct, strict=True):
             records.append({**base, "task": "passkey", "depth": depth, "prompts": 4,
                             "correct": c, "accuracy": c / 4, "inconclusive": True})
-    return {"bench": "long-context", "model": "m", "variants": variants, "records": records,
-            "config": {}}
+    return {"bench": "long-context", "model": "m", "model_sha256": FINGERPRINT,
+            "variants": variants, "records": records, "config": {}}
 
 
 def test_points_join_quality_and_the_speed_of_the_same_core_and_budget():
@@ -69,7 +74,8 @@ def test_points_join_quality_and_the_speed_of_the_same_core_and_budget():
     assert "decode_speedup" not in points["oracle 256"]  # not measured: no speed
     assert points["original"]["decode_speedup"] == 1.0
     table = frontier_table(list(points.values()))
-    assert "| 2048 | window 256 | 256 | 1.300 | 4/8 | 2.00 | - |" in table
+    assert "| 2048 | window 256 | 256 | 1.300 | 4/8* | 2.00 | - |" in table
+    assert "inconclusive" in table  # 4 prompts per depth
 
 
 def test_the_plot_and_the_report_section(tmp_path):
@@ -99,3 +105,71 @@ def test_runs_of_one_model_merge_and_a_cell_measured_twice_is_refused():
     relabelled = {**passkey, "variants": [{**passkey["variants"][1], "options": {"k": 64}}]}
     with pytest.raises(ValueError, match="different specs"):
         merged([ppl, relabelled])
+
+
+def test_serve_records_of_another_model_are_never_joined():
+    other = serve_records("other", "fedcba987654")
+    with pytest.raises(ValueError, match="`other` .*cannot give the speed of `m`"):
+        frontier_points(long_context_result(), other)
+    unrecorded = serve_records(fingerprint=None)  # a file written before fingerprints
+    with pytest.raises(ValueError, match="not recorded"):
+        frontier_points(long_context_result(), unrecorded)
+    with pytest.raises(ValueError, match="not recorded"):  # nor a result without one
+        frontier_points({**long_context_result(), "model_sha256": None}, SERVE)
+    old_other = serve_records("dir/other.gguf", fingerprint=None)
+    with pytest.raises(ValueError, match="other.gguf"):  # both old, another file name
+        frontier_points({**long_context_result(), "model": "x/m.gguf", "model_sha256": None},
+                        old_other)
+
+
+def test_files_from_before_fingerprints_join_by_file_name_and_say_so(tmp_path):
+    old = {**long_context_result(), "model": "venv/pkg/m.gguf", "model_sha256": None}
+    (tmp_path / "lc.json").write_text(json.dumps(old))
+    write_json(tmp_path / "serve.json", serve_records("pkg/m.gguf", fingerprint=None))
+    results = build_report(collect([tmp_path / "lc.json", tmp_path / "serve.json"]),
+                           tmp_path / "out")
+    assert any(p.get("decode_speedup") for p in results["frontier"])
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "joined by the model's file name only (`m.gguf`)" in report
+
+
+def test_the_report_leaves_out_another_models_speed_loudly(tmp_path, caplog):
+    (tmp_path / "lc.json").write_text(json.dumps(long_context_result()))
+    write_json(tmp_path / "serve.json", serve_records("other", "fedcba987654"))
+    with caplog.at_level(logging.WARNING, logger="attnlab.report.frontier"):
+        results = build_report(collect([tmp_path / "lc.json", tmp_path / "serve.json"]),
+                               tmp_path / "report")
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "**Warning**: the serve records of `other` (fingerprint `fedcba987654`) are not " \
+           "this model's" in report
+    assert "no speed axis" in report and "frontier-2048.png" not in report
+    assert any("not this model's" in r.message for r in caplog.records)
+    assert all("decode_speedup" not in p and "prefill_speedup" not in p
+               for p in results["frontier"])
+    assert "Model: `other` (fingerprint `fedcba987654`)." in report  # its own serve table
+
+
+def test_runs_of_one_path_with_other_files_stay_apart_and_serve_files_are_per_model(tmp_path):
+    first = long_context_result()
+    changed = {**first, "model_sha256": "fedcba987654"}  # the folder's files changed
+    assert [m["model_sha256"] for m in merged([first, changed])] == [FINGERPRINT,
+                                                                      "fedcba987654"]
+    write_json(tmp_path / "a.json", SERVE)
+    write_json(tmp_path / "b.json", [dataclasses.replace(r) for r in SERVE])
+    with pytest.raises(ValueError, match="one file per model"):
+        collect([tmp_path / "a.json", tmp_path / "b.json"])
+    write_json(tmp_path / "b.json", serve_records("other", "fedcba987654"))
+    assert len(collect([tmp_path / "a.json", tmp_path / "b.json"]).other) == 2 * len(SERVE)
+
+
+def test_two_models_get_their_own_frontier_figures(tmp_path):
+    pytest.importorskip("matplotlib")
+    other = {**long_context_result(), "model": "n", "model_sha256": "fedcba987654"}
+    (tmp_path / "a.json").write_text(json.dumps(long_context_result()))
+    (tmp_path / "b.json").write_text(json.dumps(other))
+    write_json(tmp_path / "serve-a.json", SERVE)
+    write_json(tmp_path / "serve-b.json", serve_records("n", "fedcba987654"))
+    results = build_report(collect(sorted(tmp_path.glob("*.json"))), tmp_path / "report")
+    assert {"frontier-1-2048", "frontier-2-2048"} <= set(results["figures"])
+    assert all(p.get("decode_speedup") for p in results["frontier"] if p["variant"] ==
+               "sea student 256")  # each model joined with its own serve file

@@ -2,7 +2,7 @@
 
 One JSON schema for all benchmarks::
 
-    {"machine": {"cpu": str, "threads": int, "gpu": str | null, "torch": str},
+    {"machine": {"cpu": str, "cores": int, "threads": int, "gpu": str | null, "torch": str},
      "results": [{"bench", "name", "pass": "fwd" | "fwdbwd", "shape": {...}, "ms_median",
                   "ms_min", "peak_mem_mb", "baseline", "ratio"}, ...]}
 
@@ -32,8 +32,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnlab.utils import readers
 from attnlab.utils.allocator import cpu_allocator_tuned
 from attnlab.utils.io import atomic_write_json
+from attnlab.utils.provenance import available_cores
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +44,9 @@ MIN_REPS = 5
 
 
 def machine_info() -> dict[str, Any]:
-    """``{"cpu": model name, "threads": torch threads, "gpu": CUDA device name or None,
-    "torch": version, "malloc_tuned": whether freed memory stays in the heap}`` (see
-    :mod:`attnlab.utils.allocator`)."""
+    """``{"cpu": model name, "cores": CPU cores this process may use, "threads": torch
+    threads, "gpu": CUDA device name or None, "torch": version, "malloc_tuned": whether freed
+    memory stays in the heap}`` (see :mod:`attnlab.utils.allocator`)."""
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -52,8 +54,8 @@ def machine_info() -> dict[str, Any]:
                 cpu = line.split(":", 1)[1].strip()
                 break
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return {"cpu": cpu, "threads": torch.get_num_threads(), "gpu": gpu, "torch": torch.__version__,
-            "malloc_tuned": cpu_allocator_tuned()}
+    return {"cpu": cpu, "cores": available_cores(), "threads": torch.get_num_threads(),
+            "gpu": gpu, "torch": torch.__version__, "malloc_tuned": cpu_allocator_tuned()}
 
 
 # ---------------------------------------------------------------- timing
@@ -289,15 +291,29 @@ def write_json(
     return path
 
 
+BENCH_FILE = "a bench JSON file ({machine, results}, written by attnlab bench)"
+
+
 def read_json(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Record]]:
-    """The machine dict and the records of a file written by ``write_json``."""
-    payload = json.loads(Path(path).read_text())
-    return payload["machine"], [Record.from_json(r) for r in payload["results"]]
+    """The machine dict and the records of a file written by ``write_json``; ``ValueError``
+    naming the file (and the result) for anything else."""
+    payload = readers.read_json(path, BENCH_FILE)
+    machine, results = payload.get("machine"), payload.get("results")
+    if not isinstance(machine, dict) or not isinstance(results, list):
+        raise ValueError(f"{path}: no machine and results; expected {BENCH_FILE}")
+    records = []
+    for i, result in enumerate(results):
+        try:
+            records.append(Record.from_json(result))
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}: result {i} is not a bench record ({type(err).__name__}: "
+                             f"{err}); expected {BENCH_FILE}") from err
+    return machine, records
 
 
 def read_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The ``"summary"`` mapping of a file written by ``write_json`` ({} when it has none)."""
-    return dict(json.loads(Path(path).read_text()).get("summary", {}))
+    return dict(readers.read_json(path, BENCH_FILE).get("summary", {}))
 
 
 def format_table(records: Sequence[Record]) -> str:

@@ -44,6 +44,7 @@ from attnlab.bench.common import (
 )
 from attnlab.config import ConfigError, PartSpec
 from attnlab.layers import CORES
+from attnlab.utils.provenance import config_fingerprint, model_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,16 @@ def load_original(model: str | None = None, *, gguf_file: str | None = None,
         return tiny_llama(seed), TINY_MODEL
     label = Path(model).name + ("" if gguf_file is None else f"/{gguf_file}")
     return attnlab.hf.load(model, gguf_file=gguf_file).eval(), label
+
+
+def original_fingerprint(model: str | None = None, *, gguf_file: str | None = None,
+                         seed: int = 0) -> str:
+    """The fingerprint of :func:`load_original`'s model: of its files
+    (:func:`attnlab.utils.provenance.model_fingerprint`), or of :data:`TINY_LLAMA` and
+    ``seed`` when ``model`` is None."""
+    if model is None:
+        return config_fingerprint({**TINY_LLAMA, "seed": seed})
+    return model_fingerprint(attnlab.hf.check_model_folder(model, gguf_file), gguf_file)
 
 
 def check_max_length(original: transformers.PreTrainedModel, length: int) -> None:

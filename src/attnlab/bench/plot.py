@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.bench.common import Record
+from attnlab.utils.outputs import PNG_SOFTWARE
 
 MISSING = "plots need matplotlib: pip install 'attnlab[plot]'"
 
@@ -25,9 +26,11 @@ def require_matplotlib() -> None:
 
 
 def machine_label(machine: dict[str, Any]) -> str:
-    """``"<cpu or gpu>, N threads, torch X"`` from a ``machine_info()`` dict."""
+    """``"<cpu or gpu>[, C cores], N threads, torch X"`` from a ``machine_info()`` dict
+    (files written before it recorded the cores have none)."""
     device = machine.get("gpu") or machine.get("cpu") or "?"
-    return f"{device}, {machine.get('threads')} threads, torch {machine.get('torch')}"
+    cores = f", {machine['cores']} cores" if machine.get("cores") else ""
+    return f"{device}{cores}, {machine.get('threads')} threads, torch {machine.get('torch')}"
 
 
 def plot_scaling(
@@ -78,5 +81,5 @@ def save_figure(fig: Any, path: str | os.PathLike[str], title: str = "") -> Path
         fig.suptitle(title, fontsize=10)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata={"Software": PNG_SOFTWARE})  # the write policy's mark
     return path

@@ -72,6 +72,8 @@ from attnlab.bench.hf import (
     check_max_length,
     core_specs,
     load_original,
+    model_names,
+    original_fingerprint,
     side_by_side,
 )
 from attnlab.bench.plot import require_matplotlib
@@ -90,6 +92,7 @@ from attnlab.bench.serve_inputs import (
 from attnlab.bench.serve_report import plot_decode, summarize
 from attnlab.config import ConfigError, PartSpec
 from attnlab.hf.cache import InPlaceCache
+from attnlab.layers.registry import check_budget, keys_per_row
 from attnlab.utils.device import resolve_device
 
 logger = logging.getLogger(__name__)
@@ -157,15 +160,16 @@ def alternate(fns: Mapping[str, Callable[[], object]], rounds: int, per_round: i
 # ---------------------------------------------------------------- cells
 
 
-def _shape(label: str, op: str, seq_len: int, batch: int, dtype: torch.dtype,
+def _shape(model: Mapping[str, str], op: str, seq_len: int, batch: int, dtype: torch.dtype,
            **extra: Any) -> dict[str, Any]:
-    return {"model": label, "op": op, "seq_len": seq_len, "batch": batch,
+    """A record's shape: ``model`` (its label and fingerprint), then the cell's sizes."""
+    return {**model, "op": op, "seq_len": seq_len, "batch": batch,
             "dtype": str(dtype).removeprefix("torch."), "padding": padding_label(batch), **extra}
 
 
-def prefill_cell(models: Mapping[str, transformers.PreTrainedModel], label: str, batch: int,
-                 seq_len: int, dtype: torch.dtype, grid: Grid, device: torch.device,
-                 generator: torch.Generator) -> list[Record]:
+def prefill_cell(models: Mapping[str, transformers.PreTrainedModel], model: Mapping[str, str],
+                 batch: int, seq_len: int, dtype: torch.dtype, grid: Grid,
+                 device: torch.device, generator: torch.Generator) -> list[Record]:
     """Records of one prefill of random prompts ``[batch, seq_len]`` by every model."""
     vocab = next(iter(models.values())).config.vocab_size
     ids = torch.randint(0, vocab, (batch, seq_len), generator=generator).to(device)
@@ -173,14 +177,14 @@ def prefill_cell(models: Mapping[str, transformers.PreTrainedModel], label: str,
     fns = {name: prefill_call(m, ids, mask, seq_len + grid.steps) for name, m in models.items()}
     peaks = {name: peak_memory_mb(fn, device) for name, fn in fns.items()}  # also the warmup
     timings = alternate(fns, grid.reps, device=device)
-    shape = _shape(label, "prefill", seq_len, batch, dtype)
+    shape = _shape(model, "prefill", seq_len, batch, dtype)
     return [Record(BENCH, name, "fwd", dict(shape), timings[name].median, timings[name].min,
                    peaks[name]) for name in models]
 
 
-def decode_cell(models: Mapping[str, transformers.PreTrainedModel], label: str, batch: int,
-                seq_len: int, dtype: torch.dtype, grid: Grid, device: torch.device,
-                generator: torch.Generator) -> list[Record]:
+def decode_cell(models: Mapping[str, transformers.PreTrainedModel], model: Mapping[str, str],
+                batch: int, seq_len: int, dtype: torch.dtype, grid: Grid,
+                device: torch.device, generator: torch.Generator) -> list[Record]:
     """Records of cached decoding steps by every model from random caches, the last timed
     step attending to ``seq_len`` keys."""
     config = next(iter(models.values())).config
@@ -202,7 +206,7 @@ def decode_cell(models: Mapping[str, transformers.PreTrainedModel], label: str, 
     first = start + grid.warmup + 2
     timings = alternate({name: d.step for name, d in decoders.items()}, grid.reps, grid.steps,
                         device)
-    shape = _shape(label, "decode", seq_len, batch, dtype, cache="random",
+    shape = _shape(model, "decode", seq_len, batch, dtype, cache="random",
                    steps=grid.reps * grid.steps, contexts=[first, seq_len])
     return [Record(BENCH, name, "fwd", dict(shape), timings[name].median, timings[name].min,
                    peaks[name]) for name in models]
@@ -276,26 +280,36 @@ def run(
 ) -> list[Record]:
     """Benchmark the original model against each converted core over the grid dtypes x
     (prefill batches x seq_lens, then batches x seq_lens); returns the records, ratios
-    against ``original`` filled and the cores' options in their shapes, and writes the JSON
-    (with :func:`summarize`) and the plot (:func:`plot_decode`) when paths are given.
+    against ``original`` filled, and writes the JSON (with :func:`summarize`) and the plot
+    (:func:`plot_decode`) when paths are given. Each record's shape names the model
+    (``model``: its label; ``model_sha256``: the fingerprint of its files,
+    :func:`attnlab.bench.hf.original_fingerprint`), a converted core's options and its
+    ``keys_per_row`` (None: every key); the JSON's machine the threads and the cores.
 
     ``model``: a Hugging Face model folder (None: the tiny random Llama of ``bench hf``);
     ``gguf_file``: a GGUF file in it. ``cores``: names or mappings with options.
     ``prefill_batches`` may be empty (no prefill). ``dtypes``: names among
     :data:`~attnlab.bench.serve_inputs.DTYPES` (float16 on CUDA only). ``steps``: timed
     decode steps per model per round; ``reps``: rounds (prefills: timed calls per model).
-    ``threads``: torch threads during the run (None: unchanged). Everything is validated
-    (``ValueError`` / ``ConfigError``, nothing written) before the models are converted."""
+    ``threads``: torch threads during the run (None: unchanged; either way at most the
+    machine's cores). Everything is validated (``ValueError`` / ``ConfigError``, nothing
+    written) before the models are converted, a core's key budget too: one not smaller than
+    the shortest length is dense attention there."""
     dev = resolve_device(device)
     grid = validated_grid(seq_lens, batches, prefill_batches, dtypes, steps, warmup, reps, threads,
-                     dev)
+                          dev)
     specs = core_specs(cores)
     check_cores(specs)
+    names = model_names(specs)
+    for name, spec in zip(names, specs, strict=True):
+        check_budget(f"core {name}", spec, grid.seq_lens[0])
     if plot_path is not None:
         require_matplotlib()
+    fingerprint = original_fingerprint(model, gguf_file=gguf_file, seed=seed)
     original, label = load_original(model, gguf_file=gguf_file, seed=seed)
     if not original.can_generate():
         raise ConfigError(f"{label} is not a generating (causal) language model")
+    identity = {"model": label, "model_sha256": fingerprint}
     check_max_length(original, grid.seq_lens[-1])
     masters = side_by_side(original, specs, seed)
     gen = torch.Generator().manual_seed(seed)
@@ -312,7 +326,7 @@ def run(
             bar.set_postfix_str(f"{str(dtype).removeprefix('torch.')} {op} B={batch} "
                                 f"T={seq_len}")
             cell = prefill_cell if op == "prefill" else decode_cell
-            done = cell(models, label, batch, seq_len, dtype, grid, dev, gen)
+            done = cell(models, identity, batch, seq_len, dtype, grid, dev, gen)
             for r in done:
                 logger.debug("%s %s B=%d T=%d %s: %.2f ms (min %.2f), %.1f MiB", dtype, op,
                              batch, seq_len, r.name, r.ms_median, r.ms_min, r.peak_mem_mb)
@@ -320,6 +334,9 @@ def run(
             bar.update()
         fill_ratios(records, BASELINE)
         add_options(records, specs)
+        budgets = {name: keys_per_row(spec) for name, spec in zip(names, specs, strict=True)}
+        for r in records:
+            r.shape["keys_per_row"] = budgets.get(r.name)
         if json_path is not None:  # machine_info() inside both: with the run's threads
             write_json(json_path, records, summary=summarize(records))
         if plot_path is not None:

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from attnlab.config import ConfigError, PartSpec
 from attnlab.hf.cache import InPlaceCache
+from attnlab.utils.provenance import check_threads
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CUDA_ONLY_DTYPES = ("float16",)
@@ -158,12 +159,12 @@ class Grid:
 def validated_grid(seq_lens: Sequence[int], batches: Sequence[int],
                    prefill_batches: Sequence[int], dtypes: Sequence[str], steps: int,
                    warmup: int, reps: int, threads: int | None, device: torch.device) -> Grid:
-    """The :class:`Grid` of a run's sizes; ``ValueError`` naming the first bad one."""
+    """The :class:`Grid` of a run's sizes; ``ValueError`` naming the first bad one (threads:
+    ``threads``, or torch's when None, beyond this machine's cores too)."""
     for name, value in (("steps", steps), ("warmup", warmup), ("reps", reps)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
+    check_threads(torch.get_num_threads() if threads is None else threads)
     grid = Grid(_positive("seq_lens", seq_lens), _positive("batches", batches),
                 _positive("prefill_batches", prefill_batches, allow_empty=True,
                           hint=" (for no prefill give an empty list: --prefill-batches '')"),

@@ -4,7 +4,6 @@ bench, export, visualize, report, demo."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
@@ -13,42 +12,57 @@ from collections.abc import Sequence
 
 from attnlab.cli.args import MIN_REPS
 from attnlab.cli.parser import build_parser
+from attnlab.cli.plugins import import_plugins
 from attnlab.config import ConfigError
 
 __all__ = ["MIN_REPS", "build_parser", "main"]
 
 
-def _import_plugins(modules: Sequence[str]) -> None:
-    """Import each ``--plugin`` module (it registers its parts on import), looking in the
-    current folder first, as ``python -m`` would."""
-    if modules and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError as err:
-            raise ConfigError(f"--plugin {name}: cannot import it ({err}); give a module "
-                              "on the Python path, e.g. a file my_variants.py in the current "
-                              "folder as --plugin my_variants") from err
+INPUT_OPTIONS = ("config", "configs", "run", "model", "text_file", "teacher", "paths", "runs")
+FOLDER_COMMANDS = ("report", "demo", "visualize", "export")  # whose --out is a folder
+
+
+def command_inputs(args: argparse.Namespace) -> list[str]:
+    """The files and folders a command reads, as given (the write policy never replaces
+    them)."""
+    given: list[str] = []
+    for name in INPUT_OPTIONS:
+        value = getattr(args, name, None)
+        given += [v for v in (value if isinstance(value, list) else [value])
+                  if isinstance(v, str) and os.path.exists(v)]
+    return given
 
 
 def _check_before_work(args: argparse.Namespace) -> None:
-    """``ConfigError`` for a device this machine lacks or an output it cannot write, before
-    any work starts (train and distill check their ``--out`` themselves)."""
+    """``ConfigError`` for a device this machine lacks, ``OutputRefused`` for an output the
+    write policy (:mod:`attnlab.utils.outputs`) refuses and ``ConfigError`` for one that
+    cannot be written, before any work starts (train and distill check their ``--out``
+    themselves, the folder commands their folder)."""
     from attnlab.utils.device import resolve_device
     from attnlab.utils.io import unwritable_reason
+    from attnlab.utils.outputs import check_output_file
 
     if getattr(args, "device", None) not in (None, "auto"):
         resolve_device(args.device)
-    outputs = {"--json": (getattr(args, "json", None), False),
-               "--plot": (getattr(args, "plot", None), False)}
-    if args.command in ("report", "demo", "visualize", "export"):
-        outputs["--out"] = (args.out, True)
+    outputs = {"--json": (getattr(args, "json", None), False, "json"),
+               "--plot": (getattr(args, "plot", None), False, "png")}
+    if args.command in FOLDER_COMMANDS:
+        outputs["--out"] = (args.out, True, None)
     elif args.command == "match":
-        outputs["--out"] = (args.out, False)
-    for option, (path, folder) in outputs.items():
-        if isinstance(path, str) and (reason := unwritable_reason(path, folder=folder)):
+        outputs["--out"] = (args.out, False, "yaml")
+    inputs = command_inputs(args)
+    given = {option: os.path.realpath(path) for option, (path, _, _) in outputs.items()
+             if isinstance(path, str)}
+    if len(set(given.values())) < len(given):
+        raise ConfigError(f"{' and '.join(given)} name the same file; give each its own")
+    for option, (path, folder, kind) in outputs.items():
+        if not isinstance(path, str):
+            continue
+        if reason := unwritable_reason(path, folder=folder):
             raise ConfigError(f"{option} {path}: cannot write there: {reason}")
+        if kind is not None:
+            check_output_file(path, kind, option=option, force=getattr(args, "force", False),
+                              inputs=inputs)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -77,12 +91,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from attnlab.train import RunInterrupted
 
     try:
-        _import_plugins(args.plugin)
+        import_plugins(args.plugin)
         _check_before_work(args)
         code = args.func(args)
     except RunInterrupted as err:  # Ctrl-C / SIGTERM in train or distill: saved, resumable
-        code = _stop(args, f"{err}; continue with: attnlab {args.command} --out {err.folder} "
-                           "--resume", err.exit_code)
+        again = (f"attnlab demo --out {args.out} with the same options (it resumes)"
+                 if args.command == "demo" else
+                 f"attnlab {args.command} --out {err.folder} --resume")
+        code = _stop(args, f"{err}; continue with: {again}", err.exit_code)
     except KeyboardInterrupt:
         code = _stop(args, "interrupted", 130)
     except RunFailed as err:  # a training process of the demo: its error and log

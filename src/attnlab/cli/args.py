@@ -6,6 +6,7 @@ argparse before any work starts."""
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from attnlab.config import builtin_config
@@ -26,6 +27,8 @@ def number(kind: type, low: float | None = None, *, above: float | None = None):
         except ValueError as err:
             raise argparse.ArgumentTypeError(
                 f"expected {'an integer' if kind is int else 'a number'}, got {value!r}") from err
+        if not math.isfinite(number):  # inf would pass "> 0"; nan passes or fails by chance
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
         if low is not None and number < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
         if above is not None and not number > above:

@@ -18,13 +18,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     from attnlab.train.distributed import is_main_process
     from attnlab.train.runner import RunFolder
 
-    folder = RunFolder(args.out, "config.yaml", "run", resume=args.resume)
+    folder = RunFolder(args.out, "config.yaml", "run", resume=args.resume, force=args.force)
     folder.check()  # before reading anything: "no run there" rather than "no config.yaml"
     if args.config is None and not args.resume:
         raise ConfigError("attnlab train needs --config FILE (or --resume)")
     source = args.config or str(folder.config_path)
     cfg = load_run_config(resolve_config_path(source), args.set)
-    summary = train(cfg, folder.path, resume=args.resume, progress=not args.quiet)
+    summary = train(cfg, folder.path, resume=args.resume, progress=not args.quiet,
+                    force=args.force)
     if is_main_process():  # under torchrun every rank returns the summary; one prints it
         print(json.dumps(summary, indent=2))
     return 0
@@ -34,20 +35,22 @@ def cmd_distill(args: argparse.Namespace) -> int:
     from attnlab.distill import distill, load_distill_config
     from attnlab.train.runner import RunFolder
 
-    folder = RunFolder(args.out, "distill.yaml", "distillation", resume=args.resume)
+    folder = RunFolder(args.out, "distill.yaml", "distillation", resume=args.resume,
+                       force=args.force)
     folder.check()
     overrides = [a if a.startswith(("distill.", "data.")) else f"distill.{a}" for a in args.set]
-    if args.teacher:
+    if args.teacher is not None:
         overrides.insert(0, f"distill.teacher={json.dumps(args.teacher)}")
-    if args.gguf_file:
+    if args.gguf_file is not None:
         overrides.insert(0, f"distill.gguf_file={json.dumps(args.gguf_file)}")
-    if args.student_attention:
+    if args.student_attention is not None:
         overrides.insert(0, f"distill.student_attention={args.student_attention}")
-    if args.recipe:
+    if args.recipe is not None:
         overrides.insert(0, f"distill.recipe={json.dumps(args.recipe)}")
     source = args.config or (folder.config_path if args.resume else None)
     cfg = load_distill_config(source, overrides)
-    summary = distill(cfg, folder.path, resume=args.resume, progress=not args.quiet)
+    summary = distill(cfg, folder.path, resume=args.resume, progress=not args.quiet,
+                      force=args.force)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -139,8 +142,8 @@ def cmd_match(args: argparse.Namespace) -> int:
         atomic_write_text(args.out, match_header(report, args.config) + dump_yaml(matched))
         print(f"saved {args.out}")
     if args.json:
-        atomic_write_json(args.json, {**report.to_dict(), "config": str(source),
-                                      "out": args.out})
+        atomic_write_json(args.json, {"written_by": "attnlab match", **report.to_dict(),
+                                      "config": str(source), "out": args.out})
         print(f"saved {args.json}")
     return 0
 
@@ -190,7 +193,7 @@ def cmd_bench_attention(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from attnlab.hf import export_run
 
-    print(f"saved {export_run(args.run, args.out)}")
+    print(f"saved {export_run(args.run, args.out, force=args.force)}")
     return 0
 
 
@@ -199,11 +202,14 @@ def cmd_visualize(args: argparse.Namespace) -> int:
 
     text = args.text
     if args.text_file is not None:
-        text = Path(args.text_file).read_text(encoding="utf-8", errors="replace")
+        from attnlab.utils.readers import read_text
+
+        text = read_text(args.text_file, "UTF-8 text (--text-file)")
     if not text.strip():
         raise ConfigError("the text is empty: give --text or a --text-file with text")
     summary = visualize(args.model, text, args.out, layer=args.layer, head=args.head,
-                        teacher=args.teacher, max_tokens=args.max_tokens, device=args.device)
+                        teacher=args.teacher, max_tokens=args.max_tokens, device=args.device,
+                        force=args.force)
     for part in ("sea", "switchhead"):
         if part in summary:
             print(f"saved {Path(args.out) / summary[part]['png']}")
@@ -216,12 +222,16 @@ def cmd_visualize(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from attnlab.report import build_report, collect, compact_table
+    from attnlab.utils.outputs import OutputFolder
 
     paths = [*args.paths, *(args.runs or [])]
     if not paths:
         raise ConfigError("attnlab report needs run folders, bench JSON files or a demo "
                           "folder")
-    results = build_report(collect(paths), Path(args.out), title=args.title)
+    out = OutputFolder.of(args.out, "report", force=args.force, inputs=paths)
+    out.check()
+    inputs = collect(paths)
+    results = build_report(inputs, out.claim(), title=args.title)
     print(compact_table(results))
     print(f"saved {Path(args.out) / 'report.md'}")
     return 0
@@ -309,7 +319,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                        scale="smoke" if args.smoke else "full", device=args.device,
                        progress=not args.quiet, strict_budget=args.strict_budget,
                        precision=args.precision, train_jobs=args.train_jobs,
-                       real_model=args.real_model)
+                       real_model=args.real_model, force=args.force)
     print(compact_table(results))
     print(f"report: {Path(args.out) / 'report.md'}")
     return 0

@@ -31,6 +31,14 @@ def _add_run_folder_args(p: argparse.ArgumentParser, out_help: str) -> None:
     p.add_argument("--out", required=True, help=out_help)
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_force(p)
+
+
+def _add_force(p: argparse.ArgumentParser) -> None:
+    """``--force`` of every command that writes (the write policy: attnlab.utils.outputs)."""
+    p.add_argument("--force", action="store_true",
+                   help="write even where the output holds files attnlab did not write there "
+                        "(only this command's own files are replaced; inputs never are)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                        help="import this Python module first, e.g. one that registers your "
-                             "own attention parts (repeatable)")
+                        help="import this Python module (a name, or a .py file's path) "
+                             "first, e.g. one that registers your own attention parts "
+                             "(repeatable)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a language model from a YAML config")
@@ -132,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "as the paper's, else 1)")
     p.add_argument("--out", default=None, metavar="NEW.yaml", help="write the matched config")
     p.add_argument("--json", default=None, metavar="FILE", help="save the report as JSON")
+    _add_force(p)
     p.set_defaults(func=commands.cmd_match)
 
     bench = sub.add_parser("bench", help="side-by-side benchmarks (table + JSON)")
@@ -150,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
+    _add_force(p)
     p.set_defaults(func=commands.cmd_bench_expert_matmul)
 
     p = bench_sub.add_parser("attention", help="attention cores (q, k, v -> o) vs seq_len")
@@ -178,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="time and memory vs seq_len (needs matplotlib: attnlab[plot])")
+    _add_force(p)
     p.set_defaults(func=commands.cmd_bench_attention)
 
     p = bench_sub.add_parser("layer", help="one attention layer: dense-h10/h2, switchhead, moa")
@@ -188,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"timed repetitions per candidate (>= {MIN_REPS})")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
+    _add_force(p)
     p.set_defaults(func=commands.cmd_bench_layer)
 
     p = bench_sub.add_parser(
@@ -205,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=at_least(MIN_REPS), default=MIN_REPS,
                    help=f"timed repetitions per candidate (>= {MIN_REPS})")
     p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
+    _add_force(p)
     p.set_defaults(func=commands.cmd_bench_bias)
 
     p = bench_sub.add_parser("train", help="whole training steps of several configs")
@@ -216,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override applied to every config")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
+    _add_force(p)
     p.set_defaults(func=commands.cmd_bench_train)
 
     p = bench_sub.add_parser("hf", help="a Hugging Face model vs its attnlab-converted copy: "
@@ -233,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"timed repetitions per candidate (>= {MIN_REPS})")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None, metavar="FILE", help="save records as JSON")
+    _add_force(p)
     p.set_defaults(func=commands.cmd_bench_hf)
 
     p = bench_sub.add_parser(
@@ -263,12 +279,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=at_least(1), default=3,
                    help="rounds of alternation (prefill: timed prefills per model)")
     p.add_argument("--threads", type=at_least(1), default=None,
-                   help="torch threads during the run (default: unchanged)")
+                   help="torch threads during the run, at most the machine's cores (default: "
+                        "unchanged)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--json", default=None, metavar="FILE",
                    help="save records and the summary as JSON")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="decode tokens/s vs context length (needs matplotlib: attnlab[plot])")
+    _add_force(p)
     p.set_defaults(func=commands.cmd_bench_serve)
 
     p = sub.add_parser(
@@ -301,6 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None, metavar="FILE", help="save the records as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_force(p)
     p.set_defaults(func=commands.cmd_long_context)
 
     p = sub.add_parser(
@@ -311,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, metavar="DIR",
                    help="a finished attnlab train (or distill) run folder")
     p.add_argument("--out", required=True, metavar="HF_DIR", help="the folder to write")
+    _add_force(p)
     p.set_defaults(func=commands.cmd_export)
 
     p = sub.add_parser(
@@ -337,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens of the text to use (at most 1024; token labels up to 40)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.add_argument("--device", default="cpu")
+    _add_force(p)
     p.set_defaults(func=commands.cmd_visualize)
 
     p = sub.add_parser("report", help="the report of runs and benchmarks: Markdown, PNG, JSON")
@@ -348,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DIR",
                    help="writes DIR/report.md, DIR/*.png (with matplotlib), DIR/results.json")
     p.add_argument("--title", default="attnlab report")
+    _add_force(p)
     p.set_defaults(func=commands.cmd_report)
 
     p = sub.add_parser("demo", help="the main job: train, distil, benchmark and report, "
@@ -375,5 +397,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="toy sizes, every stage in seconds (for tests)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_force(p)
     p.set_defaults(func=commands.cmd_demo)
     return parser

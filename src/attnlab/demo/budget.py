@@ -4,6 +4,7 @@ that follows, and what to say when the rest no longer fits."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,9 @@ class Budget:
 
     def __init__(self, budget_s: float, strict: bool = False,
                  clock: Callable[[], float] = time.perf_counter) -> None:
+        if not (math.isfinite(budget_s) and budget_s > 0):  # inf: no plan; nan: no comparison
+            raise ValueError(f"the budget must be a finite number of seconds > 0, got "
+                             f"{budget_s}")
         self.budget_s, self.strict, self.clock = budget_s, strict, clock
         self.start = clock()
         self.stages_s: dict[str, float] = {}  # stage -> seconds it took

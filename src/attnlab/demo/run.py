@@ -29,7 +29,6 @@ terminal summary. Either way, no figure is silently below its minimum.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import tempfile
@@ -76,12 +75,20 @@ from attnlab.demo.summary import write_report
 from attnlab.distill import DistillRunConfig, distill, load_distill_config
 from attnlab.train import RunDirError, load_run_config, train
 from attnlab.train.config import RunConfig
+from attnlab.utils import readers
 from attnlab.utils.io import atomic_write_json, atomic_write_text
+from attnlab.utils.outputs import OutputFolder
 from attnlab.utils.precision import native_bf16
 
 logger = logging.getLogger(__name__)
 
 SEA_GRID_KS = 3  # distill's default dynamic k: k/2, k, 2k
+
+
+def read_plan(path: Path) -> dict[str, Any]:
+    """A resumed demo's ``plan.json``; ``ValueError`` naming it when it is damaged."""
+    return readers.read_json(path, "the demo's plan (a JSON object written by attnlab demo)",
+                             "; remove it and the demo plans again")
 
 
 
@@ -116,8 +123,17 @@ class Demo:
         self.real, self.real_note = self._real_model(real_model)
 
     def _real_model(self, choice: str) -> tuple[RealModel | None, str]:
-        """The real-model stage if it runs, and a sentence for the report either way."""
+        """The real-model stage if it runs, and a sentence for the report either way;
+        ``ConfigError`` before any work when it was asked for (``on``) under a strict budget
+        shorter than the stage alone takes on the reference machine."""
         real = self.scale.real_model
+        need_s = real.reference_s + self.scale.report_reserve_s
+        if choice == "on" and self.budget.strict and self.budget.budget_s < need_s:
+            raise ConfigError(
+                f"--strict-budget --budget-minutes {self.budget.budget_s / 60:g} cannot fit the "
+                f"real-model stage that --real-model on asks for: it alone needs ~"
+                f"{need_s / 60:.3g} minutes on the reference machine (2 CPU cores); give a "
+                "larger --budget-minutes, or leave out --strict-budget or --real-model on")
         if choice == "off" or (choice == "auto" and
                                self.budget.budget_s < REAL_MODEL_MINUTES * 60 - 1e-6):
             return None, (f"The real-model stage ({real.name}) did not run: it needs "
@@ -190,7 +206,7 @@ class Demo:
         order = sorted(TRAINED, key=lambda name: -step_s[name])  # slowest first: even lanes
         planned = self.out / "plan.json"
         if planned.is_file():
-            plan = json.loads(planned.read_text())
+            plan = read_plan(planned)
             self.lanes_choice = plan.get("lanes_choice") or {}
             chosen = plan.get("train_jobs", 1) > 1
         else:
@@ -259,7 +275,7 @@ class Demo:
         measured pace, :meth:`replan_training`)."""
         path = self.out / "plan.json"
         if path.is_file():
-            plan = json.loads(path.read_text())
+            plan = read_plan(path)
             if plan["scale"] != self.scale.name:
                 raise RunDirError(f"{self.out} holds a {plan['scale']} demo; finish it with "
                                   f"that mode or give another --out")
@@ -502,7 +518,8 @@ def run_demo(out: str | Path, *, budget_minutes: float = BUDGET_MINUTES,
              scale: str = "full", device: str = "auto", progress: bool = True,
              strict_budget: bool = False, precision: str = "auto",
              train_jobs: int | None = None, real_model: str = "auto",
-             clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+             clock: Callable[[], float] = time.perf_counter, force: bool = False
+             ) -> dict[str, Any]:
     """Run (or finish) the demo in ``out``; returns the report's results dict. ``scale``:
     ``full`` or ``smoke`` (:data:`attnlab.demo.plan.SCALES`); ``strict_budget``: keep the
     budget and mark the stages it cuts below their minimum inconclusive (default: keep the
@@ -511,12 +528,16 @@ def run_demo(out: str | Path, *, budget_minutes: float = BUDGET_MINUTES,
     (default: as many as the CPU has threads, one thread each; one on a GPU); ``real_model``:
     the real-model stage (:mod:`attnlab.demo.real_model`), ``auto`` = from
     :data:`~attnlab.demo.plan.REAL_MODEL_MINUTES` of budget; ``clock``: seconds for the
-    budget (tests inject a slow one)."""
+    budget (tests inject a slow one); ``force``: write into a folder that holds files the demo
+    did not write (the write policy, :mod:`attnlab.utils.outputs`; re-running into the
+    demo's own folder resumes it)."""
+    destination = OutputFolder.of(out, "demo", force=force)
+    destination.check()
     out = Path(out)
     budget = Budget(budget_minutes * 60.0, strict_budget, clock)
     demo = Demo(out, SCALES[scale], budget, device, progress, precision, train_jobs,
                 real_model)
-    out.mkdir(parents=True, exist_ok=True)
+    destination.claim()
     names = ["probe", "training", *STUDENTS, "bench",
              *(["real-model"] if demo.real else []), "report"]
     with logging_redirect_tqdm(), tqdm(total=len(names), desc="demo", unit="stage",

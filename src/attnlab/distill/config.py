@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.bench.common import MIN_REPS
-from attnlab.config import PartSpec, apply_override, from_dict, load_yaml
+from attnlab.config import ConfigError, PartSpec, apply_override, from_dict, load_yaml
 from attnlab.data.config import DataConfig
 from attnlab.distill.recipes import RECIPES, apply_recipe
 
@@ -76,21 +76,29 @@ class DistillConfig:
     def validate(self) -> None:
         if self.recipe not in RECIPES:
             raise ValueError(f"recipe must be one of {list(RECIPES)}, got {self.recipe!r}")
-        for name in ("steps", "batch_size", "eval_batch_size", "log_every", "long_context"):
+        if self.gguf_file is not None and not self.gguf_file.strip():
+            raise ValueError("gguf_file is empty: name a GGUF file in the teacher's folder, or "
+                             "leave it unset (null)")
+        for name in ("steps", "batch_size", "eval_batch_size", "log_every", "long_context",
+                     "eval_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "eval_every", "ckpt_every", "grad_clip", "weight_decay",
-                     "ce_weight", "hidden_weight", "logits_weight", "attention_weight",
-                     "context_weight"):
+        for name in ("warmup_steps", "eval_every", "ckpt_every", "keep_checkpoints",
+                     "grad_clip", "weight_decay", "ce_weight", "hidden_weight", "logits_weight",
+                     "attention_weight", "context_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0 or self.new_lr_mult <= 0 or self.pretrained_lr_mult < 0:
             raise ValueError("lr and new_lr_mult must be > 0 and pretrained_lr_mult >= 0")
-        if self.seq_len is not None and self.seq_len < 1:
-            raise ValueError(f"seq_len must be >= 1 (or null), got {self.seq_len}")
+        for name in ("seq_len", "final_eval_tokens"):
+            if (value := getattr(self, name)) is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (or null), got {value}")
         if self.grid_reps and self.grid_reps < MIN_REPS:
             raise ValueError(f"grid_reps must be 0 (no timing) or >= {MIN_REPS}, got "
                              f"{self.grid_reps}")
+        if self.dynamic_k == [] or not self.query_skip:  # [] would mean the defaults / no grid
+            raise ValueError("dynamic_k (null: k/2, k, 2k) and query_skip must not be empty "
+                             "lists")
         if any(x < 1 for x in [*(self.dynamic_k or []), *self.query_skip]):
             raise ValueError("dynamic_k and query_skip values must be >= 1")
 
@@ -115,4 +123,18 @@ def load_distill_config(path: str | Path | None = None,
     section = data.setdefault("distill", {})
     if isinstance(section, dict):  # anything else: from_dict says what is wrong
         apply_recipe(section)
+    _check_teacher_tokenizer(data.get("data"))
     return from_dict(DistillRunConfig, data)
+
+
+def _check_teacher_tokenizer(data: Any) -> None:
+    """A distillation encodes text with the teacher's tokenizer: a ``data.tokenizer`` or
+    ``data.vocab_size`` other than the defaults (which its record carries) would be recorded
+    and not run."""
+    if not isinstance(data, dict):
+        return
+    defaults = DataConfig()
+    for key in ("tokenizer", "vocab_size"):
+        if key in data and data[key] != getattr(defaults, key):
+            raise ConfigError(f"data.{key}={data[key]!r}: a distillation encodes text with "
+                              f"the teacher's own tokenizer; drop data.{key}")

@@ -356,8 +356,7 @@ def open_hf_pair(run_cfg: DistillRunConfig, device: torch.device) -> HFPair:
         raise ConfigError(f"teacher {d.teacher!r} is already converted to attnlab "
                           f"{getattr(teacher.config, CONFIG_KEY)['core']} attention (a student "
                           "folder); give the original model as the teacher")
-    extra = {"gguf_file": d.gguf_file} if d.gguf_file else {}
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **extra)
+    tokenizer = attnlab.hf.load_tokenizer(folder, gguf_file=d.gguf_file)
     spec = d.student_attention
     student = attnlab.hf.convert(copy.deepcopy(teacher), spec.name, spec.options)
     teacher = attnlab.hf.convert(teacher, "sdpa")

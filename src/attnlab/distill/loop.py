@@ -91,10 +91,15 @@ def open_pair(run_cfg: DistillRunConfig, device: torch.device) -> DistillPair:
 
 
 def distill(run_cfg: DistillRunConfig, out_dir: str | Path, *, resume: bool = False,
-            progress: bool = True) -> dict[str, Any]:
-    """Distil (or resume) into ``out_dir``; returns the summary also written to JSON."""
-    folder = RunFolder(out_dir, "distill.yaml", "distillation", resume=resume)
+            progress: bool = True, force: bool = False) -> dict[str, Any]:
+    """Distil (or resume) into ``out_dir``; returns the summary also written to JSON.
+    ``force``: start in a folder that holds other files (see :class:`RunFolder`)."""
+    folder = RunFolder(out_dir, "distill.yaml", "distillation", resume=resume, force=force)
     folder.check()
+    folder.check_kept(dump_yaml(run_cfg), {"distill.recipe": DistillConfig.recipe},
+                      "a resumed distillation keeps its recipe, whose settings it recorded "
+                      "when it started; start a new run (another --out) for another recipe, "
+                      "or change single settings with --set (e.g. --set lr=1e-5)")
     with folder.lifetime():
         return _run(run_cfg, folder, progress)
 
@@ -132,8 +137,7 @@ def _run(run_cfg: DistillRunConfig, folder: RunFolder, progress: bool) -> dict[s
             pair.close()
             return done
     folder.create()
-    if not folder.resume:
-        pair.write_setup(out_dir)
+    pair.write_setup(out_dir)
     folder.write_config(dump_yaml(run_cfg), runner.step)
     runner.metrics = MetricsLog(out_dir, runner.step if folder.resume else None)
 

@@ -64,7 +64,8 @@ class DistillPair(ABC):
 
     @abstractmethod
     def write_setup(self, out_dir: Path) -> None:
-        """Write what a new run records once, next to ``distill.yaml``."""
+        """Write the student's own record next to ``distill.yaml``, at every start (so that
+        a resumed run's changes, e.g. of ``data``, reach it as they reach ``distill.yaml``)."""
 
     def batch(self, batch_size: int, seed: int, step: int) -> tuple[Tensor, Tensor]:
         """Step ``step``'s inputs and next-token targets ``[B, T]`` (random training windows,

@@ -33,9 +33,11 @@ from attnlab.evals.passkey import (
     check_depth,
     passkey_prompts,
 )
-from attnlab.evals.perplexity import check_sliding, sliding_perplexity, sliding_windows
-from attnlab.evals.variants import ORIGINAL, Variant, check_budget, parse_variant
+from attnlab.evals.perplexity import Scored, check_sliding, sliding_perplexity, sliding_windows
+from attnlab.evals.variants import ORIGINAL, Variant, parse_variant
+from attnlab.layers.registry import check_budget
 from attnlab.utils.io import atomic_write_json
+from attnlab.utils.provenance import available_cores, model_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -155,10 +157,13 @@ class Evaluation:
                 lambda ids: model(input_ids=ids.to(self.device), use_cache=False).logits,
                 self.documents, context, self.cfg.stride_tokens(context), self.cfg.ppl_tokens,
                 progress=lambda _: bar.update(1))
+            shortfall = ppl_shortfall(scored, self.cfg.ppl_tokens, context)
             records.append({**base, "task": "perplexity", "ppl": scored.ppl,
                             "nll": scored.nll, "tokens": scored.tokens,
                             "documents": scored.documents, "skipped_documents": scored.skipped,
                             "stride": self.cfg.stride_tokens(context),
+                            "inconclusive": scored.tokens < self.cfg.ppl_tokens,
+                            **({"shortfall": shortfall} if shortfall else {}),
                             "wall_s": time.perf_counter() - start})
         pad = self.tokenizer.pad_token_id
         pad = self.tokenizer.eos_token_id if pad is None else pad
@@ -179,6 +184,19 @@ class Evaluation:
                             "inconclusive": len(right) < MIN_PROMPTS,
                             "wall_s": time.perf_counter() - start})
         return records
+
+
+def ppl_shortfall(scored: Scored, asked_tokens: int, context: int) -> str | None:
+    """What a perplexity was computed on less of than asked, in words (None: nothing):
+    documents skipped as no longer than ``context`` tokens, and fewer targets than
+    ``asked_tokens`` (then the figure is inconclusive)."""
+    parts = []
+    if scored.skipped:
+        parts.append(f"{scored.documents} of {scored.documents + scored.skipped} documents "
+                     f"({scored.skipped} not longer than {context} tokens)")
+    if scored.tokens < asked_tokens:
+        parts.append(f"{scored.tokens} of {asked_tokens} tokens: inconclusive")
+    return "; ".join(parts) or None
 
 
 def compare_to_original(records: list[dict[str, Any]]) -> None:
@@ -212,15 +230,16 @@ def run(model_folder: str | Path, variants: Sequence[Any], cfg: LongContextConfi
         raise ConfigError(f"variant labels must differ, got {labels}; set 'label'")
     cfg.validate()
     for variant in parsed:
-        for context in cfg.lengths:
-            check_budget(variant, context)
+        if variant.spec is not None:
+            check_budget(f"variant {variant.label!r}", variant.spec, min(cfg.lengths))
     try:
+        attnlab.hf.check_model_folder(model_folder, gguf_file)
+        fingerprint = model_fingerprint(model_folder, gguf_file)
         base = attnlab.hf.load(model_folder, gguf_file=gguf_file)
     except (OSError, attnlab.hf.UnsupportedModelError) as err:
         raise ConfigError(f"model {str(model_folder)!r}: {err}") from err
     cfg.check_positions(int(base.config.max_position_embeddings))
-    extra = {"gguf_file": gguf_file} if gguf_file else {}
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_folder, **extra)
+    tokenizer = attnlab.hf.load_tokenizer(model_folder, gguf_file=gguf_file)
     torch_device = torch.device(device)
     base = base.to(torch_device).eval()
     evaluation = Evaluation(cfg, tokenizer, torch_device)
@@ -238,8 +257,10 @@ def run(model_folder: str | Path, variants: Sequence[Any], cfg: LongContextConfi
             gc.collect()
     compare_to_original(records)
     result = {"bench": "long-context", "model": str(Path(model_folder) / (gguf_file or "")),
-              "config": dataclasses.asdict(cfg), "variants": [v.to_json() for v in parsed],
-              "device": device, "torch": torch.__version__, "records": records}
+              "model_sha256": fingerprint, "config": dataclasses.asdict(cfg),
+              "variants": [v.to_json() for v in parsed], "device": device,
+              "threads": torch.get_num_threads(), "cores": available_cores(),
+              "torch": torch.__version__, "records": records}
     if json_path:
         atomic_write_json(Path(json_path), result)
     return result
@@ -254,7 +275,9 @@ def _passkey_cell(r: dict[str, Any]) -> str:
 
 def format_table(result: dict[str, Any]) -> str:
     """A Markdown table: one row per variant and length (perplexity, its ratio to the
-    original, passkey answers right per depth; * = fewer than MIN_PROMPTS prompts)."""
+    original, passkey answers right per depth; * = fewer than MIN_PROMPTS prompts; † = a
+    perplexity of fewer documents or tokens than asked, said under the table), and the
+    model and sample it measured."""
     cfg = result["config"]
     depths = cfg["depths"] if "passkey" in cfg["tasks"] else []
     head = ["variant", "keys/row", "T"]
@@ -270,15 +293,18 @@ def format_table(result: dict[str, Any]) -> str:
         values = [label, str(row["keys"] or "all"), str(context)]
         if "perplexity" in cfg["tasks"]:
             ppl = row["ppl"]
-            values += [f"{ppl['ppl']:.3f}", f"{ppl['ppl_ratio']:.3f}" if "ppl_ratio" in ppl
-                       else "-"]
+            values += [f"{ppl['ppl']:.3f}" + (" †" if "shortfall" in ppl else ""),
+                       f"{ppl['ppl_ratio']:.3f}" if "ppl_ratio" in ppl else "-"]
         values += [_passkey_cell(row[d]) for d in depths]
         lines.append("| " + " | ".join(values) + " |")
-    notes = []
+    notes = [f"model: {result['model']} (fingerprint {result['model_sha256']})"]
     if "perplexity" in cfg["tasks"]:
         notes.append(f"perplexity: sliding windows, stride {cfg['stride']} x T, about "
                      f"{cfg['ppl_tokens']} targets per length from corpus {cfg['corpus']} "
                      f"({cfg['split']})")
+        shortfalls = {(r["seq_len"], r["shortfall"]): None for r in result["records"]
+                      if "shortfall" in r}
+        notes += [f"† at T={context}: {text}" for context, text in shortfalls]
     if depths:
         notes.append(f"passkey: {cfg['prompts']} prompts per cell, greedy"
                      + (f"; * = fewer than {MIN_PROMPTS}: inconclusive"

@@ -4,7 +4,9 @@ A variant is given as YAML (from the CLI or a config):
 
 * ``original``: the model as loaded;
 * ``{name: CORE, ...options}``: the model converted to an attnlab core, training-free
-  (``window``, ``oracle``, ``sdpa``, ``performer``, ...);
+  (``window``, ``oracle``, ``sdpa``, ``performer``, ...). A core that learns its attention
+  from a teacher (``learns_attention``: ``sea``) is refused here: converted without
+  distillation its estimator is random, and its scores would pass for the core's;
 * ``{name: sea, student: FOLDER, k: 256}``: a distilled student folder (``attnlab distill``'s
   ``OUT/student``) of the same model, at SEA key budget ``k`` (dynamic k; default: as saved).
   Its SEA position tables were trained on the first ``trained_len`` ranks (recorded by
@@ -17,6 +19,7 @@ Any variant may set ``label`` (default: derived from the spec, e.g. ``window 256
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ import yaml
 
 from attnlab.config import ConfigError, PartSpec
 from attnlab.layers import CORES
+from attnlab.layers.registry import keys_per_row
 
 ORIGINAL = "original"
 
@@ -40,14 +44,15 @@ class Variant:
     trained_len: int | None = None
 
     @property
+    def spec(self) -> PartSpec | None:
+        """The core and its options (None: the original)."""
+        return None if self.core is None else PartSpec(self.core, dict(self.options))
+
+    @property
     def keys_per_row(self) -> int | None:
-        """Keys each query row attends to per head (None: every key)."""
-        if self.core == "window":
-            sinks, window = (self.options.get(n, d) for n, d in (("sinks", 4), ("window", 1024)))
-            return sinks + window
-        if self.core in ("oracle", "sea"):
-            return self.options.get("k")
-        return None
+        """Keys each query row attends to per head (None: every key), its core's defaults
+        included (:func:`attnlab.layers.registry.keys_per_row`)."""
+        return None if self.spec is None else keys_per_row(self.spec)
 
     def to_json(self) -> dict[str, Any]:
         out = {"label": self.label, "core": self.core or ORIGINAL, "options": dict(self.options),
@@ -78,16 +83,27 @@ def parse_variant(spec: Any) -> Variant:
     label = options.pop("label", None)
     student = options.pop("student", None)
     trained_len = options.pop("trained_len", None)
+    if trained_len is not None and (isinstance(trained_len, bool)
+                                    or not isinstance(trained_len, int) or trained_len < 1):
+        raise ConfigError(f"variant {spec!r}: trained_len must be a positive integer (the "
+                          f"tokens the student was distilled at), got {trained_len!r}")
     if student is None:
         if trained_len is not None:
             raise ConfigError(f"variant {spec!r}: trained_len applies to a student folder")
         CORES.options(PartSpec(name, options))  # validates, with close-key hints
+        if CORES.trait(name, "learns_attention"):
+            raise ConfigError(
+                f"variant {spec!r}: the {name} core learns its attention from the model (it is "
+                "distilled), and converted here it would run untrained: its figures would be "
+                f"an untrained {name}'s, not {name}'s; distil a student first (attnlab distill "
+                f"--teacher MODEL --student-attention {name} --out OUT) and give '{{name: "
+                f"{name}, student: OUT/student}}'")
     elif name != "sea" or set(options) - {"k"}:
         raise ConfigError(f"variant {spec!r}: a student folder takes name 'sea' and at most "
                           "option k (its other options are saved with it)")
-    elif not (Path(student) / "config.json").is_file():
-        raise ConfigError(f"variant {spec!r}: {student} is not a student folder (no "
-                          "config.json); give attnlab distill's OUT/student")
+    else:  # its budget as saved unless k is given (None: SEA's default, as it ran)
+        saved = _saved_options(spec, Path(student))
+        options = {"k": saved["k"], **options} if "k" in saved else options
     variant = Variant(label or "", name, options, student, trained_len)
     return dataclasses.replace(variant, label=label or _label(variant))
 
@@ -98,11 +114,22 @@ def _label(variant: Variant) -> str:
     return f"{name} {budget}" if budget else str(name)
 
 
-def check_budget(variant: Variant, context: int) -> None:
-    """``ConfigError`` when ``variant`` keeps every key at ``context`` (its budget is not
-    smaller than the context, so it is dense attention there and compares nothing)."""
-    budget = variant.keys_per_row
-    if budget is not None and budget >= context:
-        raise ConfigError(f"variant {variant.label!r} keeps {budget} keys per row, not fewer "
-                          f"than the context {context}: it is dense attention there; give a "
-                          "smaller budget or drop that length")
+def _saved_options(spec: Any, student: Path) -> dict[str, Any]:
+    """The SEA options a student folder's ``config.json`` records (``attnlab.hf.convert``'s
+    entry); ``ConfigError`` when it is no SEA student."""
+    from attnlab.hf.convert import CONFIG_KEY  # imports transformers: only for a student
+
+    config = student / "config.json"
+    if not config.is_file():
+        raise ConfigError(f"variant {spec!r}: {student} is not a student folder (no "
+                          "config.json); give attnlab distill's OUT/student")
+    try:
+        entry = json.loads(config.read_text()).get(CONFIG_KEY) or {}
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"variant {spec!r}: {config} cannot be read ({err}); give attnlab "
+                          "distill's OUT/student") from err
+    if entry.get("core") != "sea":
+        raise ConfigError(f"variant {spec!r}: {student} is not a SEA student (its config "
+                          f"records core {entry.get('core')!r}); give attnlab distill's "
+                          "OUT/student of a SEA distillation")
+    return dict(entry.get("options") or {})

@@ -21,7 +21,16 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError("attnlab.hf needs transformers: pip install 'attnlab[hf]'") from err
 
 from attnlab.hf.attention import ATTN_IMPLEMENTATION, Collected
-from attnlab.hf.convert import check_student, collect, convert, cores, load, set_inference
+from attnlab.hf.convert import (
+    check_model_folder,
+    check_student,
+    collect,
+    convert,
+    cores,
+    load,
+    load_tokenizer,
+    set_inference,
+)
 from attnlab.hf.export import export_run
 from attnlab.hf.families import FAMILIES, UnsupportedModelError
 from attnlab.hf.native import AttnlabConfig, AttnlabForCausalLM, from_decoder, register
@@ -35,6 +44,7 @@ __all__ = [
     "FAMILIES",
     "Collected",
     "UnsupportedModelError",
+    "check_model_folder",
     "check_student",
     "collect",
     "convert",
@@ -42,5 +52,6 @@ __all__ = [
     "export_run",
     "from_decoder",
     "load",
+    "load_tokenizer",
     "set_inference",
 ]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,13 +23,22 @@ from attnlab.hf.attention import (
     attach_state_hooks,
 )
 from attnlab.hf.families import Family, UnsupportedModelError, family_of
-from attnlab.hf.native import MODEL_TYPE, AttnlabForCausalLM
+from attnlab.hf.native import MODEL_TYPE, AttnlabForCausalLM, weights_file_errors
 from attnlab.layers import CORES, AttentionCore, LayerContext
+from attnlab.utils.arguments import given, require_type
+from attnlab.utils.readers import parse_json, read_json
 
 logger = logging.getLogger(__name__)
 
 CONFIG_KEY = "attnlab"
 CORE_KEY_PATTERN = rf"\.{CORE_ATTR}\."
+A_MODEL = "a transformers.PreTrainedModel (e.g. from attnlab.hf.load)"
+
+
+def _family(model: Any) -> Family:
+    """The family of ``model``; ``TypeError`` for anything but a transformers model."""
+    require_type("model", model, transformers.PreTrainedModel, A_MODEL)
+    return family_of(model.config)
 
 
 def _attention_modules(model: nn.Module, family: Family) -> dict[str, nn.Module]:
@@ -49,7 +58,7 @@ def _layer_stack(model: nn.Module) -> nn.Module:
     """The module that runs the layer list (``LlamaModel``, ``OPTDecoder``, ``GPT2Model``,
     ``BertEncoder``): it is called with the KV cache, so its hooks follow each forward."""
     owners = set()
-    for name in _attention_modules(model, family_of(model.config)):
+    for name in _attention_modules(model, _family(model)):
         parts = name.split(".")
         first_index = next(i for i, part in enumerate(parts) if part.isdigit())
         owners.add(".".join(parts[:first_index - 1]))
@@ -86,7 +95,13 @@ def convert(
     Returns:
         ``model`` itself.
     """
-    family = family_of(model.config)
+    family = _family(model)
+    require_type("core", core, str, "a str (a registered core's name, e.g. 'sea')")
+    require_type("options", options, (Mapping, type(None)),
+                 "a mapping (dict) of the core's options, or None")
+    require_type("max_seq_len", max_seq_len, (int, type(None)), "an int (positions), or None")
+    if max_seq_len is not None and max_seq_len < 1:
+        raise ValueError(f"max_seq_len must be at least 1, got {max_seq_len}")
     modules = list(_attention_modules(model, family).values())
     if any(hasattr(m, CORE_ATTR) for m in modules):
         raise ValueError("this model is already converted; use attnlab.hf.set_inference to "
@@ -118,7 +133,7 @@ def convert(
 def cores(model: transformers.PreTrainedModel) -> list[AttentionCore]:
     """The attnlab core of each layer, in layer order, of a converted model."""
     found = [getattr(m, CORE_ATTR, None)
-             for m in _attention_modules(model, family_of(model.config)).values()]
+             for m in _attention_modules(model, _family(model)).values()]
     if any(c is None for c in found):
         raise ValueError("this model has not been converted: call attnlab.hf.convert first")
     return found
@@ -168,6 +183,8 @@ def check_student(
         return {name: tuple(t.shape) for name, t in model.state_dict().items()
                 if f".{CORE_ATTR}." not in name}
 
+    require_type("student", student, transformers.PreTrainedModel, A_MODEL)
+    require_type("teacher", teacher, transformers.PreTrainedModel, A_MODEL)
     s_type, t_type = student.config.model_type, teacher.config.model_type
     if s_type != t_type:
         raise ValueError(f"the student is a {s_type} model but the teacher a {t_type} model")
@@ -199,13 +216,23 @@ def _core_keys_expected(cls: type) -> Iterator[None]:
             delattr(cls, name)
 
 
-def _checkpoint_core_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    """The ``attnlab_core`` tensors of a (possibly sharded) safetensors checkpoint."""
+def _weight_files(folder: Path) -> list[str]:
+    """The safetensors files of the checkpoint in ``folder``: those its index names (read
+    before transformers reads it, so that a damaged index is named), else
+    ``model.safetensors``."""
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = ["model.safetensors"]
+    if not index.is_file():
+        return ["model.safetensors"]
+    expected = "a sharded checkpoint's index (its weight_map names each tensor's file)"
+    weight_map = read_json(index, expected).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str)
+                                                   for v in weight_map.values()):
+        raise ValueError(f"{index}: no weight_map of file names; expected {expected}")
+    return sorted(set(weight_map.values()))
+
+
+def _checkpoint_core_tensors(folder: Path, files: list[str]) -> dict[str, torch.Tensor]:
+    """The ``attnlab_core`` tensors of a (possibly sharded) safetensors checkpoint."""
     tensors = {}
     for name in files:
         if not (folder / name).is_file():
@@ -218,10 +245,11 @@ def _checkpoint_core_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _load_core_state(model: nn.Module, folder: Path) -> None:
-    """Load the converted model's core weights from ``folder``, all of them, shapes checked."""
+def _load_core_state(model: nn.Module, folder: Path, files: list[str]) -> None:
+    """Load the converted model's core weights from ``files`` in ``folder``, all of them,
+    shapes checked."""
     own = {k: v for k, v in model.state_dict().items() if f".{CORE_ATTR}." in k}
-    saved = _checkpoint_core_tensors(folder)
+    saved = _checkpoint_core_tensors(folder, files)
     problems = [f"{k}: checkpoint {tuple(saved[k].shape)} vs model {tuple(own[k].shape)}"
                 for k in sorted(own.keys() & saved.keys()) if saved[k].shape != own[k].shape]
     problems += [f"{k}: missing from the checkpoint" for k in sorted(own.keys() - saved.keys())]
@@ -231,6 +259,43 @@ def _load_core_state(model: nn.Module, folder: Path) -> None:
         raise ValueError(f"{folder}: the saved attnlab cores do not match the model its config "
                          "describes: " + "; ".join(problems[:5]) + more)
     model.load_state_dict(saved, strict=False)
+
+
+def check_model_folder(path: str | os.PathLike[str], gguf_file: str | None = None) -> Path:
+    """``path`` as a ``Path`` if it is a model folder :func:`load` can read (``gguf_file``:
+    holding that GGUF file, else ``config.json``); ``FileNotFoundError`` saying what is
+    missing (for a GGUF file, the ones that are there)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no model folder at {folder}")
+    if gguf_file and not (folder / gguf_file).is_file():
+        present = sorted(p.name for p in folder.glob("*.gguf"))
+        raise FileNotFoundError(f"the GGUF file {gguf_file} is not in {folder}; the .gguf "
+                                f"files there: {', '.join(present) or 'none'}")
+    if not gguf_file and not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder / 'config.json'} is missing: not a Hugging Face "
+                                "model folder")
+    return folder
+
+
+def load_tokenizer(path: str | os.PathLike[str], *, gguf_file: str | None = None
+                   ) -> transformers.PreTrainedTokenizerBase:
+    """The tokenizer of the model folder ``path`` (``AutoTokenizer``; ``gguf_file``: from
+    that GGUF file), with a damaged tokenizer file named: ``ValueError`` for a JSON file of
+    the folder that is not JSON, else for a tokenizer transformers cannot build."""
+    folder = check_model_folder(path, gguf_file)
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        return transformers.AutoTokenizer.from_pretrained(folder, **extra)
+    except (OSError, ImportError):  # a missing file or package: already said in one line
+        raise
+    except Exception as err:  # transformers and tokenizers raise many types for a bad file
+        for file in sorted(folder.glob("*.json")):  # the file, when one is not JSON
+            parse_json(file, "a JSON file of a Hugging Face model folder",
+                       "; copy or download the model again")
+        raise ValueError(f"{folder}: transformers cannot build the model's tokenizer "
+                         f"({type(err).__name__}: {err}); copy or download the model "
+                         "again") from err
 
 
 def load(
@@ -258,12 +323,18 @@ def load(
             ``architectures[0]``, else the family's default (e.g. ``LlamaForCausalLM``).
         kwargs: passed to ``from_pretrained``.
     """
-    folder = Path(path)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"no model folder at {folder}")
-    marker = folder / (gguf_file or "config.json")
-    if not marker.is_file():
-        raise FileNotFoundError(f"{marker} is missing: not a Hugging Face model folder")
+    require_type("path", path, (str, os.PathLike), "a str or os.PathLike (the model folder)")
+    require_type("gguf_file", gguf_file, (str, type(None)),
+                 "a str (a GGUF file's name in the folder), or None")
+    require_type("teacher", teacher, (transformers.PreTrainedModel, type(None)),
+                 f"{A_MODEL}, or None")
+    require_type("dtype", dtype, torch.dtype, "a torch.dtype, e.g. torch.bfloat16")
+    if model_class is not None and not (isinstance(model_class, type) and issubclass(
+            model_class, transformers.PreTrainedModel)):
+        raise TypeError(f"model_class must be a subclass of transformers.PreTrainedModel, e.g. "
+                        f"transformers.LlamaForCausalLM, or None, got {given(model_class)}")
+    folder = check_model_folder(path, gguf_file)
+    files = [] if gguf_file else _weight_files(folder)
     extra = {"gguf_file": gguf_file} if gguf_file else {}
     config = transformers.AutoConfig.from_pretrained(folder, **extra)
     if config.model_type == MODEL_TYPE:  # attnlab's own model (attnlab export)
@@ -272,7 +343,7 @@ def load(
     cls = model_class or getattr(transformers, (config.architectures or [family.default_class])[0])
     saved = getattr(config, CONFIG_KEY, None)
     expect = _core_keys_expected(cls) if saved else contextlib.nullcontext()
-    with expect:
+    with expect, weights_file_errors(folder):
         model = cls.from_pretrained(folder, dtype=dtype, **extra, **kwargs)
     if gguf_file:  # dequantised: drop the quantizer so that save_pretrained works
         if hasattr(model.config, "quantization_config"):
@@ -282,7 +353,7 @@ def load(
         convert(model, saved["core"], saved["options"], max_seq_len=saved["max_seq_len"])
         # keep what else the folder recorded (e.g. the distillation length)
         setattr(model.config, CONFIG_KEY, {**saved, **getattr(model.config, CONFIG_KEY)})
-        _load_core_state(model, folder)
+        _load_core_state(model, folder, files)
     if teacher is not None:
         check_student(model, teacher)
     return model

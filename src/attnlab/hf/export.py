@@ -13,23 +13,28 @@ import transformers
 
 from attnlab.config import ConfigError
 from attnlab.hf.native import from_decoder
-from attnlab.utils.io import write_folder
+from attnlab.utils.outputs import OutputFolder
 
 logger = logging.getLogger(__name__)
 
 
-def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
+def export_run(run_dir: str | Path, out_dir: str | Path, *, force: bool = False) -> Path:
     """Write the run's newest checkpoint and tokenizer as a Hugging Face folder ``out_dir``
     (crash-safely: a complete folder or none). Raises ``ConfigError`` for a folder that is
-    not a finished run."""
+    not a finished run and ``OutputRefused`` for an ``out_dir`` the write policy refuses
+    (:mod:`attnlab.utils.outputs`: one holding anything but an earlier export, unless
+    ``force``; never the run folder itself)."""
     from attnlab.train.run import load_run
+    from attnlab.train.runner import resume_command, run_kind
 
-    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    run_dir = Path(run_dir)
+    out = OutputFolder.of(out_dir, "export", force=force, inputs=[run_dir])
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} is not an attnlab run folder (no config.yaml)")
     if not (run_dir / "summary.json").is_file():
         raise ConfigError(f"{run_dir} is not a finished run (no summary.json): finish it with "
-                          f"attnlab train --out {run_dir} --resume, then export")
+                          f"{resume_command(run_dir, run_kind(run_dir) or 'run')}, then export")
+    out.check()
     run = load_run(run_dir)
     model = from_decoder(run.model)
     tokenizer = transformers.PreTrainedTokenizerFast(
@@ -41,6 +46,6 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
 
-    write_folder(out_dir, write)
+    out.write(write)
     logger.info("exported %s (step %d) to %s", run_dir, run.step, out_dir)
-    return out_dir
+    return Path(out_dir)

@@ -12,9 +12,14 @@ Importing :mod:`attnlab.hf` registers it with ``AutoConfig``, ``AutoModel`` and
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 from transformers import (
     AutoConfig,
@@ -60,6 +65,15 @@ class AttnlabForCausalLM(PreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = DecoderLM(config.model_config())
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike[str],
+                        *args: Any, **kwargs: Any) -> AttnlabForCausalLM:
+        """transformers' ``from_pretrained`` (``AutoModel`` and ``AutoModelForCausalLM``
+        come here too), with a truncated or corrupt weights file named
+        (:func:`weights_file_errors`)."""
+        with weights_file_errors(pretrained_model_name_or_path):
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -118,6 +132,29 @@ def from_decoder(model: DecoderLM) -> AttnlabForCausalLM:
     hf = AttnlabForCausalLM(config).to(next(model.parameters()).dtype)
     hf.model.load_state_dict(model.state_dict())
     return hf.eval()
+
+
+@contextlib.contextmanager
+def weights_file_errors(folder: str | os.PathLike[str]) -> Iterator[None]:
+    """Around loading a model from ``folder``: safetensors' error for a truncated or corrupt
+    weights file becomes a ``ValueError`` naming the file and how to get a good one."""
+    try:
+        yield
+    except SafetensorError as err:
+        files = sorted(Path(folder).glob("*.safetensors")) if Path(folder).is_dir() else []
+        broken = next((f for f in files if not _readable(f)), Path(folder))
+        raise ValueError(
+            f"{broken} is truncated or corrupt ({err}); copy or download the model again, or "
+            "write it again (save_pretrained, attnlab export)") from err
+
+
+def _readable(file: Path) -> bool:
+    """Whether safetensors can open ``file`` (its header, which covers the whole file)."""
+    try:
+        with safe_open(file, framework="pt"):
+            return True
+    except SafetensorError:
+        return False
 
 
 def register() -> None:

@@ -64,7 +64,7 @@ class OracleCore(AttentionCore):
                                            else score_bias.dense()))
 
 
-@CORES.register("oracle", OracleOptions, score_bias=True)
+@CORES.register("oracle", OracleOptions, score_bias=True, budget=("k",))
 def _oracle(ctx: LayerContext, options: OracleOptions, dropout: float) -> OracleCore:
     """Exact attention over each row's top-k keys by true score: the ceiling of key selection."""
     return OracleCore(options, ctx.causal)

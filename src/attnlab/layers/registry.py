@@ -108,5 +108,29 @@ CORES: Registry[Any] = Registry("core", {
                            "estimator), so relative positions are not exactly shift-invariant"),
     "tunable_inference": (False, "set_inference(k=, query_skip=) retunes it without training"),
     "learns_attention": (False, "takes teacher attention (teacher_probs) when distilled"),
+    "budget": ((), "the options whose sum is the keys each query row attends to per head "
+                   "(none: every key)"),
 })
 MLPS: Registry[Any] = Registry("mlp")
+
+
+def keys_per_row(spec: PartSpec) -> int | None:
+    """Keys each query row of core ``spec`` attends to per head: the sum of the options its
+    ``budget`` trait names, defaults included (``window``: sinks + window; ``sea``,
+    ``oracle``: k); None for a core that reads every key."""
+    names = CORES.trait(spec.name, "budget")
+    if not names:
+        return None
+    options = CORES.options(spec)
+    return sum(getattr(options, name) for name in names)
+
+
+def check_budget(label: str, spec: PartSpec, context: int) -> None:
+    """``ConfigError`` when core ``spec`` (called ``label``) keeps every key at ``context``
+    tokens: a budget not smaller than the context is dense attention there, so a figure
+    measured with it says nothing about the core."""
+    budget = keys_per_row(spec)
+    if budget is not None and budget >= context:
+        raise ConfigError(f"{label} keeps {budget} keys per row, not fewer than the context "
+                          f"{context}: it is dense attention there; give a smaller budget or "
+                          "drop that length")

@@ -28,6 +28,8 @@ from attnlab.models.config import ModelConfig
 from attnlab.train.config import RunConfig, TrainConfig
 
 MATCH_PROJECTIONS = ("moa", "switchhead")
+DENSE_MLPS = ("dense", "swiglu")
+"""The MLPs of a dense baseline (not a mixture of experts)."""
 SOLVES = ("both", "d_head", "d_ff")
 PAPER_D_HEAD_MULTIPLE = 4
 """Every ``d_head`` of the paper's SwitchHead configs (64, 76, 112, 132) is a multiple of 4."""
@@ -133,6 +135,17 @@ def _check_choice(
     if d_head_multiple is not None and solve == "d_ff":
         raise ConfigError("d_head_multiple applies to a solved d_head; solve 'd_ff' keeps "
                           "d_head fixed")
+
+
+def _check_dense(model: ModelConfig) -> None:
+    """ConfigError unless ``model`` is a dense baseline: dense projections and a dense MLP
+    (what the report calls it)."""
+    projections, mlp = model.attention.projections.name, model.mlp.name
+    if projections != "dense" or mlp not in DENSE_MLPS:
+        raise ConfigError(f"match needs a dense baseline (projections 'dense', mlp one of "
+                          f"{list(DENSE_MLPS)}); the given config has projections "
+                          f"{projections!r} and mlp {mlp!r}: give the dense config it is "
+                          "compared with")
 
 
 def _target_attention(
@@ -289,10 +302,12 @@ def match_params(
     Returns the matched :class:`RunConfig` (validated like a loaded one; a ``dense``
     ModelConfig gets the default data and train sections, ``train.seq_len`` =
     ``max_seq_len - memory_len``) and a :class:`MatchReport`.
-    ConfigError for an invalid choice or when no size within ``[1, 64 * d_model]`` matches.
+    ConfigError for a baseline that is not dense, an invalid choice, or when no size within
+    ``[1, 64 * d_model]`` matches.
     """
     _check_choice(projections, n_heads, n_experts, k, solve, d_head, d_head_multiple)
     cfg = dense if isinstance(dense, RunConfig) else _run_config(dense)
+    _check_dense(cfg.model)
     if projections == "switchhead" and k is None:
         k = SWITCHHEAD_K
     if d_head_multiple is None and solve != "d_ff":

@@ -27,7 +27,7 @@ from attnlab.report.figures import (
     mark_inconclusive,
     students,
 )
-from attnlab.report.inputs import REPORT_JSON, ReportInputs
+from attnlab.report.inputs import REPORT_JSON, SERVE_BENCH, ReportInputs, model_name, model_of
 from attnlab.report.plots import plot_macs, plot_sea_costs, plot_sea_grid
 from attnlab.report.tables import (
     budget_lines,
@@ -205,7 +205,7 @@ def build_report(
             mac_rows, p, f"MACs against measured time\n{label}"))
         if "macs" in figures:
             md += [f"![MACs]({figures['macs']})", "", HOW_TO_READ["macs"], ""]
-    serve = [r for r in inputs.other if r.bench == "serve"]
+    serve = [r for r in inputs.other if r.bench == SERVE_BENCH]
     if inputs.long_context:
         lines, results["frontier"] = frontier.report_section(inputs.long_context, serve,
                                                              figure, label)
@@ -213,10 +213,13 @@ def build_report(
     if serve:
         from attnlab.bench import serve_report  # imports transformers
 
-        md += ["## Serving: prefill and cached decoding", "",
-               serve_report.format_summary(serve), "",
-               HOW_TO_READ["serve"], ""]
-    if other := [r for r in inputs.other if r.bench != "serve"]:
+        md += ["## Serving: prefill and cached decoding", ""]
+        for model, fingerprint in dict.fromkeys(map(model_of, serve)):
+            md += [f"Model: {model_name(model, fingerprint)}.", "",
+                   serve_report.format_summary([r for r in serve
+                                                if model_of(r) == (model, fingerprint)]), ""]
+        md += [HOW_TO_READ["serve"], ""]
+    if other := [r for r in inputs.other if r.bench != SERVE_BENCH]:
         md += ["## Other benchmarks", "", format_table(other), ""]
     md += ["## Machine", "", machine_table(machine), "",
            "Sources (relative to this report): "

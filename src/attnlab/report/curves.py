@@ -10,13 +10,14 @@ students (``eval_ppl``), the sentence-embedding cosine to the teacher for encode
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from attnlab.bench.plot import require_matplotlib, save_figure
+from attnlab.train.runner import SUMMARY_FORMAT, read_metrics
+from attnlab.utils.readers import read_json
 
 
 @dataclasses.dataclass
@@ -48,13 +49,14 @@ class RunCurves:
 
 
 def read_run(run_dir: str | os.PathLike[str], name: str | None = None) -> RunCurves:
-    """Read a finished run. Raises ``FileNotFoundError`` naming the missing file."""
+    """Read a finished run. Raises ``FileNotFoundError`` naming the missing file and
+    ``ValueError`` naming the damaged one (and its line)."""
     run_dir = Path(run_dir)
     for needed in ("summary.json", "metrics.jsonl"):
         if not (run_dir / needed).is_file():
             raise FileNotFoundError(f"{run_dir} is not a finished run: {needed} is missing")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = read_json(run_dir / "summary.json", SUMMARY_FORMAT)
+    rows = read_metrics(run_dir)
     evaluated = {key for row in rows for key in row} | set(summary)
     metric = next((m for m in METRICS if m in evaluated), "eval_bpc")
     eval_curve, train_curve, train_time = [], [], []

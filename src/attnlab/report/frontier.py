@@ -3,13 +3,17 @@
 Quality comes from an ``attnlab long-context`` JSON (perplexity ratio and passkey accuracy of
 each variant against the original model), speed from an ``attnlab bench serve`` JSON (decode
 tokens/s and prefill time of each converted core against the original, measured side by
-side). A variant is matched to its serve records by core and keys per row (a SEA student
+side). Only figures of one model are joined: a long-context result and the serve records
+must carry the same model fingerprint (``model_sha256``, of the model's files); serve records
+of another model, or with no fingerprint, are left out, with a warning in the report and in
+the log. A variant is matched to its serve records by core and keys per row (a SEA student
 runs exactly as fast as the untrained SEA core of the same budget: same shapes, same ops).
 Variants the serve run did not measure keep their quality figures and get no speed.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,8 +21,13 @@ from typing import Any
 
 from attnlab.bench.common import Record
 from attnlab.bench.plot import save_figure
-from attnlab.evals.variants import ORIGINAL, parse_variant
+from attnlab.config import PartSpec
+from attnlab.evals.variants import ORIGINAL
+from attnlab.layers.registry import keys_per_row
 from attnlab.report.curves import new_figure
+from attnlab.report.inputs import model_name, model_of
+
+logger = logging.getLogger(__name__)
 
 DECODE_BATCH = 1
 """The decode batch whose speed the frontier plots (one user, the hardest case for SEA)."""
@@ -33,8 +42,7 @@ def _speeds(serve: Sequence[Record], dtype: str, batch: int) -> dict[tuple, dict
     out: dict[tuple, dict[int, dict]] = {}
     for name, by_dtype in summary.items():
         core = None if name == ORIGINAL else name.split("(")[0]
-        keys = None if core is None else parse_variant({"name": core, **options[name]}
-                                                       ).keys_per_row
+        keys = None if core is None else keys_per_row(PartSpec(core, options[name]))
         cells = out.setdefault((core, keys), {})
         for b, by_len in by_dtype.get(dtype, {}).items():
             for seq_len, values in by_len.items():
@@ -46,11 +54,42 @@ def _speeds(serve: Sequence[Record], dtype: str, batch: int) -> dict[tuple, dict
     return out
 
 
+def _by_name_only(long_context: Mapping[str, Any], r: Record) -> bool:
+    """Both written before fingerprints existed: the model's file name is all they say."""
+    return (long_context.get("model_sha256") is None and r.shape.get("model_sha256") is None
+            and r.shape.get("model") is not None
+            and Path(long_context["model"]).name == Path(r.shape["model"]).name)
+
+
+def _is_of(long_context: Mapping[str, Any], r: Record) -> bool:
+    fingerprint = long_context.get("model_sha256")  # None in files written before it existed
+    return (fingerprint is not None and r.shape.get("model_sha256") == fingerprint
+            or _by_name_only(long_context, r))
+
+
+def of_model(long_context: Mapping[str, Any], serve: Sequence[Record]) -> list[Record]:
+    """The serve records of the long-context result's model: those with its fingerprint, or,
+    when neither side has one (files written before fingerprints), with its file name."""
+    return [r for r in serve if _is_of(long_context, r)]
+
+
+def foreign_models(long_context: Mapping[str, Any], serve: Sequence[Record]) -> list[str]:
+    """The models (Markdown names) of the serve records that are not the long-context
+    result's (:func:`of_model`)."""
+    return sorted({model_name(*model_of(r)) for r in serve if not _is_of(long_context, r)})
+
+
 def frontier_points(long_context: Mapping[str, Any], serve: Sequence[Record], *,
                     dtype: str = "float32", decode_batch: int = DECODE_BATCH) -> list[dict]:
     """One point per (variant, length): ``ppl_ratio``, ``passkey`` (accuracy over every
-    depth), ``passkey_prompts``, ``passkey_ratio`` (to the original's), and
-    ``decode_speedup`` / ``prefill_speedup`` where measured."""
+    depth), ``passkey_prompts``, ``passkey_ratio`` (to the original's), ``ppl_inconclusive``
+    / ``passkey_inconclusive`` (fewer tokens or prompts than a sure figure needs), and
+    ``decode_speedup`` / ``prefill_speedup`` where measured. ``ValueError`` when a serve
+    record is not of the long-context result's model (:func:`of_model`)."""
+    if others := foreign_models(long_context, serve):
+        raise ValueError(f"the serve records of {', '.join(others)} cannot give the speed of "
+                         f"{model_name(long_context['model'], long_context.get('model_sha256'))}: "
+                         "another model, or one not recorded")
     speeds = _speeds(serve, dtype, decode_batch)
     variants = {v["label"]: v for v in long_context["variants"]}
     points: dict[tuple[str, int], dict[str, Any]] = {}
@@ -63,9 +102,11 @@ def frontier_points(long_context: Mapping[str, Any], serve: Sequence[Record], *,
             **speeds.get((core, v["keys_per_row"]), {}).get(r["seq_len"], {})})
         if r["task"] == "perplexity":
             point["ppl_ratio"] = r.get("ppl_ratio")
+            point["ppl_inconclusive"] = r.get("inconclusive", False)  # older files: none
         else:
             point["correct"] += r["correct"]
             point["passkey_prompts"] += r["prompts"]
+            point["passkey_inconclusive"] = point.get("passkey_inconclusive") or r["inconclusive"]
     for point in points.values():
         if point["passkey_prompts"]:
             point["passkey"] = point["correct"] / point["passkey_prompts"]
@@ -77,21 +118,26 @@ def frontier_points(long_context: Mapping[str, Any], serve: Sequence[Record], *,
     return list(points.values())
 
 
-def _fmt(value: Any, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+def _fmt(value: Any, spec: str, inconclusive: bool = False) -> str:
+    return "-" if value is None else format(value, spec) + ("*" if inconclusive else "")
 
 
 def frontier_table(points: Sequence[Mapping[str, Any]], decode_batch: int = DECODE_BATCH) -> str:
-    """Markdown: per length and variant, quality against speed."""
+    """Markdown: per length and variant, quality against speed; * = inconclusive."""
     lines = ["| T | variant | keys/row | ppl x original | passkey | decode speedup "
              f"(batch {decode_batch}) | prefill speedup |", "|" + "---|" * 7]
     for p in sorted(points, key=lambda p: (p["seq_len"], p["core"] != ORIGINAL,
                                            p["keys_per_row"] or 0, p["variant"])):
-        passkey = (f"{p['correct']}/{p['passkey_prompts']}" if p["passkey_prompts"] else "-")
+        passkey = (f"{p['correct']}/{p['passkey_prompts']}"
+                   + ("*" if p.get("passkey_inconclusive") else "")
+                   if p["passkey_prompts"] else "-")
         lines.append(f"| {p['seq_len']} | {p['variant']} | {p['keys_per_row'] or 'all'} | "
-                     f"{_fmt(p.get('ppl_ratio'), '.3f')} | {passkey} | "
-                     f"{_fmt(p.get('decode_speedup'), '.2f')} | "
+                     f"{_fmt(p.get('ppl_ratio'), '.3f', p.get('ppl_inconclusive', False))} | "
+                     f"{passkey} | {_fmt(p.get('decode_speedup'), '.2f')} | "
                      f"{_fmt(p.get('prefill_speedup'), '.2f')} |")
+    if any(p.get("ppl_inconclusive") or p.get("passkey_inconclusive") for p in points):
+        lines += ["", "\\* inconclusive: a perplexity of fewer tokens than asked, or passkey "
+                      "cells of fewer prompts than `attnlab long-context` calls sure."]
     return "\n".join(lines)
 
 
@@ -161,10 +207,12 @@ def merged(results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     runs of the same model (e.g. perplexity and passkey run separately, or one length per
     run; each run carries its own original, which its ratios refer to). ``ValueError`` when
     two runs give one label different specs or measure the same cell twice."""
-    by_model: dict[str, dict[str, Any]] = {}
+    by_model: dict[tuple[str, str | None], dict[str, Any]] = {}
     for result in results:
-        into = by_model.setdefault(result["model"], {"model": result["model"], "variants": [],
-                                                     "records": []})
+        fingerprint = result.get("model_sha256")  # None in files written before it existed
+        into = by_model.setdefault((result["model"], fingerprint), {
+            "model": result["model"], "model_sha256": fingerprint, "variants": [],
+            "records": []})
         known = {v["label"]: v for v in into["variants"]}
         for v in result["variants"]:
             if v["label"] in known and known[v["label"]] != v:
@@ -189,17 +237,32 @@ def report_section(results: Sequence[Mapping[str, Any]], serve: Sequence[Record]
     ``build_report``) and records it under ``key``, returning its file name or None."""
     md: list[str] = ["## Long context: quality kept against serving speed", ""]
     all_points = []
-    for result in merged(results):
-        points = frontier_points(result, serve)
+    models = merged(results)
+    for i, result in enumerate(models):
+        mine = of_model(result, serve)
+        points = frontier_points(result, mine)
         all_points += points
-        md += [f"Model: `{result['model']}`.", "", frontier_table(points), ""]
-        if not serve:
-            md += ["(No `attnlab bench serve` JSON given: no speed axis.)", ""]
+        md += [f"Model: {model_name(result['model'], result['model_sha256'])}.", "",
+               frontier_table(points), ""]
+        if others := foreign_models(result, serve):
+            warning = (f"the serve records of {', '.join(others)} are not this model's: "
+                       "their speeds are left out of its frontier (quality and speed of "
+                       "different models, or of a model not recorded, are never joined)")
+            logger.warning("frontier of %s: %s", result["model"], warning)
+            md += [f"**Warning**: {warning}.", ""]
+        if not mine:
+            md += ["(No `attnlab bench serve` JSON of this model given: no speed axis.)", ""]
             continue
+        if any(_by_name_only(result, r) for r in mine):
+            md += [f"Speeds joined by the model's file name only (`{Path(result['model']).name}`"
+                   "): these files were written before attnlab recorded model fingerprints, "
+                   "so the same name is all that ties the two measurements together.", ""]
+        suffix = "" if len(models) == 1 else f"-{i + 1}"  # one set of files per model
+        model = f"{Path(result['model']).name} ({result['model_sha256']})"
         for seq_len in sorted({p["seq_len"] for p in points}):
-            name = figure(f"frontier-{seq_len}", f"frontier-{seq_len}.png",
-                          lambda path, t=seq_len, pts=points: plot_frontier(
-                              pts, t, path, f"quality against speed at {t} tokens\n{label}"))
+            name = figure(f"frontier{suffix}-{seq_len}", f"frontier{suffix}-{seq_len}.png",
+                          lambda path, t=seq_len, pts=points, m=model: plot_frontier(
+                              pts, t, path, f"{m}: quality against speed at {t} tokens\n{label}"))
             if name:
                 md += [f"![frontier at {seq_len}]({name})", ""]
         md += [HOW_TO_READ, ""]

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,9 +24,11 @@ from typing import Any
 
 from attnlab.bench.common import Record, read_json
 from attnlab.report.curves import RunCurves, read_run
+from attnlab.utils.readers import parse_json
 
 SCALING_BENCHES = ("attention-layer", "attention")
 STEP_BENCH = "train"
+SERVE_BENCH = "serve"  # attnlab bench serve: one file per model (its ratios are per run)
 LONG_CONTEXT = "long-context"  # attnlab long-context's JSON: the frontier's quality axis
 REPORT_JSON = "results.json"  # what build_report writes; never read back as an input
 
@@ -75,8 +76,9 @@ def _collect_one(path: Path, found: ReportInputs, depth: int = 0) -> None:
         if (path / "summary.json").is_file():
             found.sources.append(str(path))
             if (path / "distill.yaml").is_file():
-                found.students.append((path.name, json.loads((path / "summary.json").read_text())))
-                found.student_curves.append(read_run(path))
+                curves = read_run(path)
+                found.students.append((path.name, curves.summary))
+                found.student_curves.append(curves)
             else:
                 found.runs.append(read_run(path))
         elif depth < 2:
@@ -86,9 +88,10 @@ def _collect_one(path: Path, found: ReportInputs, depth: int = 0) -> None:
         return
     if path.suffix != ".json":
         raise ValueError(f"{path}: not a bench JSON file, demo.json or run folder")
-    payload = json.loads(path.read_text())
-    if isinstance(payload, dict) and set(payload) == {"demo"}:
-        found.demo = payload["demo"]
+    payload = parse_json(path, "a bench JSON file, demo.json or long-context JSON")
+    demo = payload["demo"] if isinstance(payload, dict) and set(payload) == {"demo"} else None
+    if isinstance(demo, dict):
+        found.demo = demo
     elif isinstance(payload, dict) and payload.get("bench") == LONG_CONTEXT:
         found.long_context.append(payload)
     elif isinstance(payload, dict) and "machine" in payload and "results" in payload:
@@ -102,6 +105,10 @@ def _collect_one(path: Path, found: ReportInputs, depth: int = 0) -> None:
             elif kind in SCALING_BENCHES:
                 _only_once(found.scaling.get(kind), kind, path)
                 found.scaling[kind] = mine
+            elif kind == SERVE_BENCH:
+                _only_once([r for r in found.other if r.bench == kind
+                            and model_of(r) in {model_of(m) for m in mine}], kind, path)
+                found.other.extend(mine)
             else:
                 found.other.extend(mine)
     elif depth == 0:
@@ -111,7 +118,18 @@ def _collect_one(path: Path, found: ReportInputs, depth: int = 0) -> None:
     found.sources.append(str(path))
 
 
+def model_of(record: Record) -> tuple[str | None, str | None]:
+    """The model a bench record names: its label and fingerprint (None: not recorded)."""
+    return record.shape.get("model"), record.shape.get("model_sha256")
+
+
+def model_name(model: str | None, fingerprint: str | None) -> str:
+    """Markdown: a model's label or path and its fingerprint."""
+    return f"`{model}` (fingerprint `{fingerprint or 'not recorded'}`)"
+
+
 def _only_once(existing: list[Record] | None, kind: str, path: Path) -> None:
     if existing:
+        per = "model" if kind == SERVE_BENCH else "kind"
         raise ValueError(f"{path}: a second set of {kind!r} bench records; ratios are only "
-                         "taken within one run, so give one file per kind")
+                         f"taken within one run, so give one file per {per}")

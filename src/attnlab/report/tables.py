@@ -126,7 +126,7 @@ def crossover_lines(found: Mapping[str, Mapping[str, Any]]) -> str:
 
 def machine_table(machine: Mapping[str, Any]) -> str:
     """Markdown: the machine the measurements ran on."""
-    keys = ("cpu", "threads", "gpu", "torch", "malloc_tuned")
+    keys = ("cpu", "cores", "threads", "gpu", "torch", "malloc_tuned")
     return ("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys) + "\n| "
             + " | ".join(str(machine.get(k)) for k in keys) + " |")
 

@@ -38,7 +38,8 @@ from attnlab.train.distributed import (
     load_checkpoint_state,
     unwrap,
 )
-from attnlab.utils.io import atomic_write_text, fsync_dir
+from attnlab.utils.io import atomic_write_text, fsync_dir, fsync_tree
+from attnlab.utils.readers import read_json, read_text
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +58,6 @@ class Checkpoint:
     path: Path
     step: int
     state: dict[str, Any]  # optimizer, RNG, data position, anything else the trainer saved
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as fh:
-        os.fsync(fh.fileno())
 
 
 def save_checkpoint(
@@ -97,20 +93,14 @@ def save_checkpoint(
         _quiet(dcp.save, checkpoint_state(model, optimizer), checkpoint_id=tmp / SHARDS)
         dist.barrier()  # every shard is written
     if dist.is_main:
-        names = ["state.pt", "meta.json"]
         if not sharded:
-            names.append("model.safetensors")
             save_model(unwrap(model), str(tmp / "model.safetensors"))
             if optimizer is not None:
                 state = {**state, "optimizer": optimizer.state_dict()}
         torch.save(state, tmp / "state.pt")
         meta = {"format": FORMAT_VERSION, "step": step, "sharded": sharded}
         (tmp / "meta.json").write_text(json.dumps(meta))
-        for name in names:
-            _fsync_file(tmp / name)
-        if sharded:
-            fsync_dir(tmp / SHARDS)
-        fsync_dir(tmp)
+        fsync_tree(tmp)  # with the umask's permissions
         if final.exists():  # re-saving a step (e.g. after resume) replaces it
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -141,7 +131,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     pointer = Path(run_dir) / "checkpoints" / "latest"
     if not pointer.is_file():
         return None
-    path = pointer.parent / pointer.read_text().strip()
+    path = pointer.parent / read_text(pointer, "the name of the newest checkpoint").strip()
     if not path.is_dir():
         raise CheckpointError(f"{pointer} names {path.name}, which does not exist")
     return path
@@ -156,8 +146,10 @@ def load_checkpoint(
     """Load the newest checkpoint of ``run_dir`` into ``model`` (strictly) and return it.
 
     ``model`` may be DDP- or FSDP-wrapped (FSDP needs a sharded checkpoint); with
-    ``optimizer`` its state is restored too. A sharded checkpoint is read collectively when
-    a process group is up, so every rank must call this.
+    ``optimizer`` its state (moments, step counts) is restored too, while each group's
+    settings (learning rate, weight decay, betas, ``lr_mult``) stay those it was built with
+    from the current config, which a resumed run records. A sharded checkpoint is read
+    collectively when a process group is up, so every rank must call this.
     """
     path = latest_checkpoint(run_dir)
     if path is None:
@@ -182,14 +174,19 @@ def load_checkpoint_at(
         if not (path / name).is_file():
             raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
     try:
-        meta = json.loads((path / "meta.json").read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path / 'meta.json'} is corrupt: {err}. "
-                              f"{_older_checkpoint_hint(path)}") from err
+        meta = read_json(path / "meta.json", "a checkpoint's metadata (its format and step)")
+    except ValueError as err:  # damaged: one line, with the way on
+        raise CheckpointError(f"{err}. {_older_checkpoint_hint(path)}") from err
     if meta.get("format") != FORMAT_VERSION:
         raise CheckpointError(
             f"{path}: checkpoint format {meta.get('format')} is not {FORMAT_VERSION}"
         )
+    if not isinstance(meta.get("step"), int):
+        raise CheckpointError(f"{path / 'meta.json'} is corrupt: it holds no integer step. "
+                              f"{_older_checkpoint_hint(path)}")
+    settings = [] if optimizer is None else [
+        {key: value for key, value in group.items() if key != "params"}
+        for group in optimizer.param_groups]
     if sharded:
         _load_shards(path / SHARDS, model, optimizer)
     else:
@@ -203,6 +200,9 @@ def load_checkpoint_at(
         ) from err
     if optimizer is not None and not sharded:
         optimizer.load_state_dict(state["optimizer"])
+    if optimizer is not None:  # loading replaced the groups' settings with the saved ones
+        for group, kept in zip(optimizer.param_groups, settings, strict=True):
+            group.update(kept)
     return Checkpoint(path, int(meta["step"]), state)
 
 

@@ -15,7 +15,6 @@ Under ``torchrun`` (``WORLD_SIZE`` > 1) each rank trains on its rows of the same
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import torch
 
 from attnlab.config import ConfigError, dump_yaml
 from attnlab.data import (
+    DataConfig,
     SequentialBatches,
     TokenizedCorpus,
     load_corpus,
@@ -53,11 +53,15 @@ from attnlab.train.runner import (
     Runner,
     StepResult,
     peak_rss_mb,
+    read_metrics,
 )
 from attnlab.train.schedules import warmup_cosine
 from attnlab.utils.io import atomic_write_json
 
 logger = logging.getLogger(__name__)
+
+KEPT_ON_RESUME = {"data.tokenizer": DataConfig.tokenizer, "data.vocab_size": DataConfig.vocab_size}
+"""Settings a resumed run cannot change (flat key -> default): its tokenizer is the folder's."""
 
 
 class RankFailure(RuntimeError):
@@ -90,7 +94,7 @@ def load_data(cfg: RunConfig, out_dir: Path, resume: bool, dist: Dist) -> Tokeni
 
 def train(
     cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True,
-    pause_at: int | None = None,
+    pause_at: int | None = None, force: bool = False,
 ) -> dict[str, Any]:
     """Train (or resume) a run in ``out_dir``; returns the summary also written to JSON.
 
@@ -98,13 +102,14 @@ def train(
     this step is done, with a checkpoint there and no final evaluation or summary (returns
     ``{"paused_at": step}``); ``resume`` continues it, with the same or a changed
     ``train.steps`` (the learning rate stays continuous while the pause is in the warm-up).
+    ``force``: start a new run in a folder that holds other files (see :class:`RunFolder`).
     """
     out_dir = Path(out_dir)
     dist = Dist.from_env()
     device = rank_device(cfg.train.device, dist)
     with process_group(dist, device):
         try:
-            return _train(cfg, out_dir, resume, progress, dist, device, pause_at)
+            return _train(cfg, out_dir, resume, progress, dist, device, pause_at, force)
         except RuntimeError as err:
             if not (dist.enabled and lost_peer(err)):
                 raise
@@ -122,10 +127,14 @@ def train(
 
 def _train(
     cfg: RunConfig, out_dir: Path, resume: bool, progress: bool, dist: Dist, device: torch.device,
-    pause_at: int | None = None,
+    pause_at: int | None = None, force: bool = False,
 ) -> dict[str, Any]:
-    folder = RunFolder(out_dir, "config.yaml", "run", resume=resume, main=dist.is_main)
+    folder = RunFolder(out_dir, "config.yaml", "run", resume=resume, main=dist.is_main,
+                       force=force)
     folder.check()
+    folder.check_kept(dump_yaml(cfg), KEPT_ON_RESUME, "a resumed run reads its text with the "
+                      "tokenizer it started with (tokenizer.json in the folder); start a new "
+                      "run for another tokenizer")
     dist.barrier()  # every rank has looked before rank 0 writes
     with folder.lifetime():
         return _run(cfg, folder, progress, dist, device, pause_at)
@@ -292,6 +301,5 @@ def _run(
 
 def last_train_loss(out_dir: Path) -> float | None:
     """The last logged training loss in ``metrics.jsonl``."""
-    losses = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    train_records = [r["loss"] for r in losses if "loss" in r]
+    train_records = [r["loss"] for r in read_metrics(out_dir) if "loss" in r]
     return train_records[-1] if train_records else None

@@ -36,11 +36,21 @@ from tqdm import tqdm
 
 from attnlab.train.checkpoint import latest_checkpoint
 from attnlab.utils.io import atomic_write_text, unwritable_reason
+from attnlab.utils.outputs import describe_folder
+from attnlab.utils.readers import read_json, read_jsonl
 
 logger = logging.getLogger(__name__)
 
 CHANGES = "config_changes.jsonl"
 STOP_SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
+RUN_KINDS = {"distill.yaml": "distillation", "config.yaml": "run"}
+"""The file that marks each kind of run folder (a distillation of an attnlab teacher holds
+``config.yaml`` too, so its own file is looked for first)."""
+COMMANDS = {"run": "train", "distillation": "distill"}
+"""The command that runs (and resumes) each kind."""
+SUMMARY_FORMAT = "a run's summary (a JSON object written when attnlab train or distill ends)"
+METRICS_FORMAT = "a run's log: one JSON object per line, each with its step"
+LINE_HINT = "; fix or remove that line"
 
 
 class RunDirError(RuntimeError):
@@ -78,17 +88,35 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def run_kind(path: Path) -> str | None:
+    """The kind of run folder ``path`` is (``"run"``, ``"distillation"``), or None."""
+    return next((kind for marker, kind in RUN_KINDS.items() if (path / marker).is_file()), None)
+
+
+def resume_command(path: Path, kind: str) -> str:
+    """The command line that continues the ``kind`` in ``path``."""
+    return f"attnlab {COMMANDS[kind]} --out {path} --resume"
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of ``run_dir/metrics.jsonl`` (none before the first); ``ValueError``
+    naming a damaged line."""
+    path = run_dir / "metrics.jsonl"
+    return read_jsonl(path, METRICS_FORMAT, LINE_HINT, keys=("step",)) if path.is_file() else []
+
+
 class RunFolder:
     """The output folder of one run; ``config_name`` marks that it holds one.
 
     ``check`` runs before any work (it writes nothing); ``create`` once the model is built.
-    On non-main ranks of a multi-process job every write is skipped.
+    On non-main ranks of a multi-process job every write is skipped. A new run needs an
+    absent or empty folder; ``force`` lets it start beside other files (never over a run).
     """
 
     def __init__(self, path: str | Path, config_name: str, kind: str, *, resume: bool,
-                 main: bool = True) -> None:
+                 main: bool = True, force: bool = False) -> None:
         self.path, self.config_name, self.kind = Path(path), config_name, kind
-        self.resume, self.main = resume, main
+        self.resume, self.main, self.force = resume, main, force
         self.existed = self.path.exists()
 
     @property
@@ -98,6 +126,12 @@ class RunFolder:
     def check(self) -> None:
         """``RunDirError`` unless the folder can take this run (new) or holds one (resume),
         and can be written."""
+        held = run_kind(self.path)
+        if held is not None and held != self.kind:
+            raise RunDirError(
+                f"{self.path} holds a {held}, not a {self.kind}: continue it with "
+                f"{resume_command(self.path, held)}"
+                + ("" if self.resume else f", or choose another --out for a new {self.kind}"))
         has_run = self.config_path.exists() or (self.path / "checkpoints").exists()
         if self.resume and not has_run:
             raise RunDirError(
@@ -107,9 +141,18 @@ class RunFolder:
         if not self.resume and has_run:
             raise RunDirError(f"{self.path} already holds a {self.kind}; pass --resume to "
                               "continue it, or choose another --out")
+        if (not self.resume and not self.force and self.path.is_dir()
+                and any(self.path.iterdir())):
+            raise RunDirError(
+                f"{self.path} already holds {describe_folder(self.path)}; a new {self.kind} "
+                "needs an empty or new folder: choose another --out (or --force to start it "
+                "beside those files)")
         if reason := unwritable_reason(self.path, folder=True):
             raise RunDirError(f"cannot write the {self.kind} to {self.path}: {reason}; choose "
                               "another --out")
+        if self.resume:  # damaged logs are refused before anything is written or trained
+            self.config_changes()
+            read_metrics(self.path)
 
     def create(self) -> None:
         if self.main:
@@ -134,19 +177,34 @@ class RunFolder:
                 f"{k} {v['from']!r} -> {v['to']!r}" for k, v in changes.items()))
         return changes
 
+    def check_kept(self, text: str, kept: dict[str, Any], why: str) -> None:
+        """On resume, ``RunDirError`` (before anything is written) when the resolved config
+        ``text`` changes a key of ``kept`` (flat key -> its value where the recorded config
+        lacks it) from what the folder's config records: a setting the run cannot change, as
+        ``why`` says."""
+        if not self.resume or not self.config_path.exists():
+            return
+        old, new = _flat(yaml.safe_load(self.config_path.read_text())), _flat(yaml.safe_load(text))
+        for key, default in kept.items():
+            if (was := old.get(key, default)) != (got := new.get(key, default)):
+                raise RunDirError(f"{key}: this {self.kind} runs with {was!r} (recorded in "
+                                  f"{self.config_path}), not {got!r}: {why}")
+
     def config_changes(self) -> list[dict[str, Any]]:
         """Every resume's recorded changes, oldest first."""
         path = self.path / CHANGES
         if not path.exists():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_jsonl(path, "each resume's config changes, one JSON object per line",
+                          LINE_HINT, keys=("step", "changes"))
 
     def finished_summary(self, step: int, total_steps: int) -> dict[str, Any] | None:
         """The summary of a run resumed at its end (nothing left to do), else None."""
         path = self.path / "summary.json"
         if step < total_steps or not path.exists():
             return None
-        summary = json.loads(path.read_text())
+        summary = read_json(path, SUMMARY_FORMAT, f"; remove it and run "
+                            f"{resume_command(self.path, self.kind)} to write it again")
         if summary.get("steps") != step:
             return None
         logger.info("%s already finished at step %d; nothing to do", self.path, step)
@@ -178,8 +236,7 @@ class MetricsLog:
         self.path = out_dir / "metrics.jsonl"
         kept: list[dict[str, Any]] = []
         if resume_step is not None and self.path.exists():
-            kept = [record for line in self.path.read_text().splitlines() if line.strip()
-                    if (record := json.loads(line))["step"] <= resume_step]
+            kept = [record for record in read_metrics(out_dir) if record["step"] <= resume_step]
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self.written = {(r["step"], frozenset(r)) for r in kept}
         self.writer = None

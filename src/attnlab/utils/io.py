@@ -31,17 +31,45 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def fsync_tree(folder: Path) -> None:
+    """Flush every file under ``folder`` and the folders themselves, first giving each file
+    the permissions the umask gives a new file (libraries that write through a temporary
+    file, such as safetensors, leave 0600, which a serving process of another user cannot
+    read)."""
+    mode = 0o666 & ~current_umask()
+    for path in folder.rglob("*"):
+        if path.is_file():
+            os.chmod(path, mode)
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+    for sub in [folder, *(p for p in folder.rglob("*") if p.is_dir())]:
+        fsync_dir(sub)
+
+
+def current_umask() -> int:
+    """This process's umask (read without changing it where /proc allows)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """A binary file handle whose content replaces ``path`` only once complete.
 
     On success the temporary file is fsynced and ``os.replace``-d onto ``path``; on error it is
-    deleted. Concurrent writers do not collide.
+    deleted. Concurrent writers do not collide. The file gets the permissions the umask gives
+    any new file (readable by others under the usual 022), not ``mkstemp``'s 0600.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; a new file is 0666 - umask
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
@@ -90,21 +118,24 @@ def write_folder(final: Path, write: Callable[[Path], None]) -> None:
     """Write a folder crash-safely: ``write`` fills a temporary sibling, every file is
     fsynced, then the old folder is moved aside and the new one renamed into place (a crash
     leaves either folder complete; only between the two renames is the old one under
-    ``.old-NAME-PID``), and the old one is removed."""
+    ``.old-NAME-PID``), and the old one is removed. A failure removes the temporary folder.
+
+    It replaces ``final`` whole: callers decide that ``final`` is theirs to replace
+    (:class:`attnlab.utils.outputs.OutputFolder`)."""
     parent = final.parent
     parent.mkdir(parents=True, exist_ok=True)
     for stale in [*parent.glob(f".tmp-{final.name}-*"), *parent.glob(f".old-{final.name}-*")]:
         shutil.rmtree(stale, ignore_errors=True)
     tmp = parent / f".tmp-{final.name}-{os.getpid()}"
     old = parent / f".old-{final.name}-{os.getpid()}"
-    write(tmp)
-    for path in tmp.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as fh:
-                os.fsync(fh.fileno())
-    fsync_dir(tmp)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    fsync_dir(parent)
-    shutil.rmtree(old, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        write(tmp)
+        fsync_tree(tmp)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        fsync_dir(parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)

@@ -21,6 +21,7 @@ from typing import Any
 from attnlab.config import ConfigError
 from attnlab.layers.sea.core import PREFILL_ROWS
 from attnlab.utils.io import atomic_write_text
+from attnlab.utils.outputs import OutputFolder
 from attnlab.visualize.sea import draw_sea, reference_label, sea_heads, sea_layers, sea_maps
 from attnlab.visualize.subject import Subject, open_subject
 from attnlab.visualize.switchhead import (
@@ -60,12 +61,16 @@ def _pairs(layers: list[int], heads: list[int]) -> list[tuple[int, int]]:
 
 def visualize(path: str | Path, text: str, out_dir: str | Path, *, layer: int | None = 0,
               head: int | None = None, teacher: str | None = None, max_tokens: int = 96,
-              device: str = "cpu") -> dict[str, Any]:
+              device: str = "cpu", force: bool = False) -> dict[str, Any]:
     """Draw the figures of the model at ``path`` (see :func:`open_subject`) on ``text``'s
     first ``max_tokens`` tokens into ``out_dir``; ``layer`` / ``head`` None = all (tiled).
-    Returns the summary written to ``visualize.json``."""
+    Returns the summary written to ``visualize.json``. ``out_dir`` follows the write policy
+    (:mod:`attnlab.utils.outputs`; ``force`` writes beside files it did not write)."""
     if not 1 <= max_tokens <= MAX_TOKENS:
         raise ConfigError(f"--max-tokens must be in [1, {MAX_TOKENS}], got {max_tokens}")
+    destination = OutputFolder.of(out_dir, "visualize", force=force,
+                                  inputs=[p for p in (path, teacher) if p is not None])
+    destination.check()
     subject = open_subject(path, text, teacher=teacher, max_tokens=max_tokens, device=device)
     n_layers = len(subject.cores(subject.model))
     sea, switch = sea_layers(subject), switchhead_layers(subject)
@@ -83,7 +88,7 @@ def visualize(path: str | Path, text: str, out_dir: str | Path, *, layer: int | 
                                                               range(n_heads)))))
     summary: dict[str, Any] = {"model": str(path), "tokens": len(subject.labels),
                                "text": text[:200]}
-    out = Path(out_dir)
+    out = destination.claim()
     for name, layers, pairs in jobs:
         if name == "sea":
             maps = sea_maps(subject, layers)

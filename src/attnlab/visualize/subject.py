@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from torch import Tensor, nn
 
-from attnlab.config import ConfigError
+from attnlab.config import ConfigError, load_yaml
 from attnlab.layers.base import AttentionCore
 
 logger = logging.getLogger(__name__)
@@ -52,8 +51,12 @@ def _recorded_teacher(folder: Path) -> str | None:
     path = folder / "distill.yaml"
     if not path.is_file():
         return None
-    data = yaml.safe_load(path.read_text()) or {}
-    return (data.get("distill") or {}).get("teacher")
+    section = load_yaml(path).get("distill")
+    teacher = section.get("teacher") if isinstance(section, dict) else None
+    if teacher is not None and not isinstance(teacher, str):
+        raise ConfigError(f"{path}: distill.teacher is {teacher!r}; expected the teacher's "
+                          "folder (a string), as attnlab distill records it")
+    return teacher
 
 
 def _within(max_tokens: int, limit: int | None) -> int:
@@ -69,8 +72,8 @@ def _encode_attnlab(tokenizer: Any, text: str, max_tokens: int) -> tuple[list[in
     return ids, [tokenizer.decode([i]) for i in ids]
 
 
-def _attnlab_subject(folder: Path, teacher: str | None, text: str, max_tokens: int,
-                     device: str) -> Subject:
+def _attnlab_subject(folder: Path, teacher: str | None, given: bool, text: str,
+                     max_tokens: int, device: str) -> Subject:
     from attnlab.distill.record import model_cores
     from attnlab.train.run import load_run
 
@@ -79,6 +82,10 @@ def _attnlab_subject(folder: Path, teacher: str | None, text: str, max_tokens: i
     if teacher is not None:
         teacher_folder = Path(teacher)
         if not (teacher_folder / "config.yaml").is_file():
+            if given:
+                raise ConfigError(f"teacher {teacher}: not an attnlab run folder (no "
+                                  f"config.yaml); {folder} is an attnlab model, so its teacher "
+                                  "is the attnlab run it was distilled from")
             logger.warning("teacher %s is not an attnlab run folder (moved?): showing the "
                            "model's own exact attention instead", teacher)
         else:
@@ -91,8 +98,6 @@ def _attnlab_subject(folder: Path, teacher: str | None, text: str, max_tokens: i
 
 def _hf_subject(model_folder: Path, teacher: str | None, text: str, max_tokens: int,
                 device: str) -> Subject:
-    import transformers
-
     import attnlab.hf
     from attnlab.distill.hf import resolve_teacher
 
@@ -106,7 +111,7 @@ def _hf_subject(model_folder: Path, teacher: str | None, text: str, max_tokens: 
     if teacher is not None:
         teacher_model = attnlab.hf.convert(attnlab.hf.load(resolve_teacher(teacher)), "sdpa")
         teacher_model = teacher_model.to(device).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_folder)
+    tokenizer = attnlab.hf.load_tokenizer(model_folder)
     limit = getattr(model.config, "max_position_embeddings", None)
     ids = tokenizer(text, truncation=True, max_length=_within(max_tokens, limit))["input_ids"]
     return Subject(model, teacher_model, _as_batch(ids, device),
@@ -125,11 +130,13 @@ def open_subject(path: str | Path, text: str, *, teacher: str | None = None,
     """The model at ``path`` (see the module docstring) on ``text``'s first ``max_tokens``
     tokens (at most what the model reads). ``teacher``: a teacher folder (attnlab run or
     Hugging Face model) to compare with, instead of the recorded one. Raises ``ConfigError``
-    for a path that holds no model."""
+    for a path that holds no model and for a given teacher that cannot be used (a recorded
+    attnlab teacher that has moved is passed over with a warning)."""
     folder = Path(path)
+    given = teacher is not None
     teacher = teacher or _recorded_teacher(folder)
     if (folder / "config.yaml").is_file():
-        return _attnlab_subject(folder, teacher, text, max_tokens, device)
+        return _attnlab_subject(folder, teacher, given, text, max_tokens, device)
     if (folder / "distill.yaml").is_file() and (folder / "student" / "config.json").is_file():
         return _hf_subject(folder / "student", teacher, text, max_tokens, device)
     if (folder / "config.json").is_file():

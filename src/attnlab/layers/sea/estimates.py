@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.ops.sea import attended_keys, bin_edges, rank_bins
+from attnlab.utils.arguments import require_type
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +82,7 @@ def record_estimates(model: nn.Module) -> Iterator[list[SEAEstimate]]:
     docstring); the cores record nothing outside it."""
     from attnlab.layers.sea.core import SEACore
 
+    require_type("model", model, nn.Module, "a model (torch.nn.Module) holding SEA cores")
     cores = [m for m in model.modules() if isinstance(m, SEACore)]
     if not cores:
         raise ValueError("the model has no sea attention core to read estimates from")
