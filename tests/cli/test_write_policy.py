@@ -17,6 +17,7 @@ import pytest
 from attnlab.utils.outputs import OWNER_FILE
 from tests.cli.test_errors import assert_user_error, cli
 from tests.helpers import dump_config, tree_checksums
+from tests.helpers import tiny_run_config as run_config_dict
 
 
 @pytest.fixture(scope="module")
@@ -25,12 +26,7 @@ def runs(tmp_path_factory, text_corpus):
     from attnlab.train import load_run_config, train
 
     root = tmp_path_factory.mktemp("write-policy")
-    cfg = {"model": {"d_model": 32, "n_layers": 1, "d_ff": 64, "max_seq_len": 64,
-                     "attention": {"n_heads": 2}},
-           "data": {"corpus": "text", "path": str(text_corpus),
-                    "cache_dir": str(root / "cache")},
-           "train": {"steps": 2, "batch_size": 2, "seq_len": 32, "eval_every": 0,
-                     "final_eval_tokens": 128, "log_every": 1}}
+    cfg = run_config_dict(text_corpus, root / "cache", steps=2)
     for name in ("a", "b"):
         train(load_run_config(base=cfg), root / "runs" / name, progress=False)
     return root
