@@ -248,6 +248,18 @@ def test_the_models_train_in_the_precision_the_demo_records(smoke_demo):
     assert not (smoke_demo / "never").exists()
 
 
+def test_a_rerun_refuses_options_other_than_the_plans(smoke_demo):
+    """The fixture planned 2 models at a time without --strict-budget: a rerun asking for
+    another arrangement would be recorded as it and run the plan's."""
+    before = (smoke_demo / "plan.json").read_text()
+    with pytest.raises(RunDirError, match="planned without --strict-budget"):
+        run_demo(smoke_demo, scale="smoke", progress=False, strict_budget=True)
+    with pytest.raises(RunDirError, match="trains 2 model.s. at a time; finish it with "
+                                          "--train-jobs 2"):
+        run_demo(smoke_demo, scale="smoke", progress=False, train_jobs=1)
+    assert (smoke_demo / "plan.json").read_text() == before
+
+
 def test_a_rerun_reuses_every_finished_stage(smoke_demo, caplog):
     summaries = {p: p.stat().st_mtime_ns for p in smoke_demo.glob("runs/*/summary.json")}
     probe = (smoke_demo / "probe.json").stat().st_mtime_ns

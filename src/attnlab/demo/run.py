@@ -270,6 +270,21 @@ class Demo:
                                  floor=1 if self.budget.strict else min_steps)
         return steps, seconds, needed
 
+    def _check_resumed_options(self, plan: dict[str, Any]) -> None:
+        """``RunDirError`` when this invocation asks for a budget mode or a number of models
+        trained at once other than the ones the demo in ``out`` was planned with: the report
+        would record one and the demo run the other."""
+        strict = plan.get("strict_budget", False)
+        if strict != self.budget.strict:
+            raise RunDirError(f"{self.out} holds a demo planned {'with' if strict else 'without'}"
+                              f" --strict-budget; finish it {'with' if strict else 'without'} "
+                              "it, or give another --out")
+        if self.jobs_forced and plan.get("train_jobs", 1) != self.jobs:
+            raise RunDirError(f"{self.out} holds a demo that trains {plan.get('train_jobs', 1)} "
+                              f"model(s) at a time; finish it with --train-jobs "
+                              f"{plan.get('train_jobs', 1)} (or without the option), or give "
+                              "another --out")
+
     def plan(self, step_s: dict[str, float]) -> dict[str, Any]:
         """The training steps from the probe (kept in ``plan.json``; re-planned once from the
         measured pace, :meth:`replan_training`)."""
@@ -283,6 +298,7 @@ class Demo:
                 raise RunDirError(f"{self.out} holds a demo trained in {plan.get('precision')};"
                                   f" finish it with --precision {plan.get('precision')} or "
                                   "give another --out")
+            self._check_resumed_options(plan)
             return plan
         steps, seconds, needed = self.fit_train_steps(step_s, self.train_step_s)
         tokens = self.tokens_per_step
