@@ -146,7 +146,9 @@ def test_cli_distill(teacher, tmp_path, capsys):
 
 STUDENT_OPTIONS = {"sea": SEA, "reformer": {"name": "reformer", "bucket_size": 8},
                    "window": {"name": "window", "sinks": 1, "window": 8},
-                   "oracle": {"name": "oracle", "k": 4}}
+                   "oracle": {"name": "oracle", "k": 4},
+                   "quest": {"name": "quest", "budget": 8, "page": 2},
+                   "block": {"name": "block", "budget": 8, "page": 2}}
 
 
 @pytest.mark.parametrize("core", CORES.names())

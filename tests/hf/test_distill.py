@@ -240,7 +240,9 @@ def test_smollm2_gguf_teacher_distils(tmp_path):
 
 HF_STUDENT_OPTIONS = {"sea": SEA, "reformer": {"name": "reformer", "bucket_size": 4},
                       "window": {"name": "window", "sinks": 1, "window": 4},
-                      "oracle": {"name": "oracle", "k": 4}}
+                      "oracle": {"name": "oracle", "k": 4},
+                      "quest": {"name": "quest", "budget": 8, "page": 2},
+                      "block": {"name": "block", "budget": 8, "page": 2}}
 
 
 @pytest.mark.parametrize("core", CORES.names())

@@ -25,6 +25,8 @@ D_MODEL, HEADS, T = 32, 4, 12
 SMALL_OPTIONS = {
     "sea": {"k": 2, "predictor_length": 8},
     "oracle": {"k": 3},
+    "quest": {"budget": 6, "page": 2},
+    "block": {"budget": 6, "page": 2},
     "window": {"sinks": 1, "window": 4},
     "reformer": {"bucket_size": 4},
 }

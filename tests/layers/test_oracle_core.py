@@ -7,6 +7,7 @@ import torch
 
 from attnlab.config import ConfigError
 from attnlab.layers import Attention, AttentionConfig
+from attnlab.layers.oracle import OracleOptions
 from tests.layers.test_sea_core import F64, assert_padded_decoding_equals_full_pass, make_ctx
 
 
@@ -19,7 +20,13 @@ def make_layer(causal=True, positions="rope", core="oracle", **options):
     return Attention(make_ctx(causal), cfg).double().eval()
 
 
-@pytest.mark.parametrize("group", ["head", "heads"])
+def test_the_default_group_is_kv():
+    """Keys per KV head per row, shared by the group's query heads (H=4 over Hk=2 here)."""
+    assert OracleOptions().group == "kv"
+    assert "group='kv'" in repr(make_layer())
+
+
+@pytest.mark.parametrize("group", ["kv", "head", "heads"])
 def test_cached_decoding_equals_full_pass_with_left_padding(group):
     assert_padded_decoding_equals_full_pass(make_layer(group=group))
 
@@ -33,19 +40,30 @@ def test_the_future_does_not_change_the_past():
                                rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("group", ["kv", "head"])
 @pytest.mark.parametrize(("causal", "positions", "dense_core"),
                          [(True, "rope", "sdpa"), (False, "rope", "sdpa"), (True, "xl", "eager")])
-def test_a_budget_covering_every_key_is_dense_attention(causal, positions, dense_core):
-    layer = make_layer(causal, positions, k=64, group="head")
+def test_a_budget_covering_every_key_is_dense_attention(causal, positions, dense_core, group):
+    layer = make_layer(causal, positions, k=64, group=group)
     dense = make_layer(causal, positions, core=dense_core)
     dense.load_state_dict(layer.state_dict())
     x = torch.randn(2, 30, 32, dtype=F64)
     torch.testing.assert_close(layer(x).hidden, dense(x).hidden, rtol=0, atol=1e-12)
 
 
-def test_a_small_budget_changes_the_output():
+@pytest.mark.parametrize("group", ["kv", "head", "heads"])
+def test_a_small_budget_changes_the_output(group):
     x = torch.randn(2, 30, 32, dtype=F64)
-    assert (make_layer(k=2)(x).hidden - make_layer(k=64)(x).hidden).abs().max() > 1e-3
+    small, full = make_layer(k=2, group=group), make_layer(k=64, group=group)
+    assert (small(x).hidden - full(x).hidden).abs().max() > 1e-3
+
+
+def test_groups_differ():
+    """Same weights, same budget: the three selections give three different outputs."""
+    x = torch.randn(2, 30, 32, dtype=F64)
+    outs = [make_layer(group=group)(x).hidden for group in ("kv", "head", "heads")]
+    for a, b in [(0, 1), (0, 2), (1, 2)]:
+        assert (outs[a] - outs[b]).abs().max() > 1e-6
 
 
 @pytest.mark.parametrize(("options", "match"), [

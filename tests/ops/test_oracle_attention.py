@@ -1,14 +1,18 @@
-"""Oracle top-k attention: blocked fast path vs the one-matrix reference, by hand."""
+"""Oracle top-k attention: blocked fast path vs the one-matrix reference, by hand, and the
+``kv`` selection against every subset of keys."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
 
 from attnlab.ops.attention import oracle as oracle_module
 from attnlab.ops.attention import softmax_attention
-from attnlab.ops.attention.oracle import oracle_attention, oracle_attention_naive
-from attnlab.utils.testing import assert_close
+from attnlab.ops.attention.masks import allowed_keys, expand_kv_heads
+from attnlab.ops.attention.oracle import oracle_attention, oracle_attention_naive, oracle_keep
+from attnlab.utils.testing import assert_close, assert_grads_close
 
 F64 = torch.float64
 
@@ -27,7 +31,7 @@ def _mask():
     return mask
 
 
-@pytest.mark.parametrize("group", ["head", "heads"])
+@pytest.mark.parametrize("group", ["kv", "head", "heads"])
 @pytest.mark.parametrize("budget", [1, 5, 40])
 @pytest.mark.parametrize(("causal", "padded", "t_q"),
                          [(True, False, 37), (True, True, 37), (True, True, 3),
@@ -42,11 +46,26 @@ def test_blocks_match_the_reference(monkeypatch, group, budget, causal, padded, 
                  1e-13)
 
 
-def test_a_budget_covering_every_key_is_dense_attention():
+@pytest.mark.parametrize("causal", [True, False])
+def test_kv_blocks_match_the_reference_with_gradients(monkeypatch, causal):
+    """Group ``kv`` (GQA H=4, Hk=2; padding; a score bias): forward and every gradient,
+    left-padded rows with no key included (0, with zero gradients)."""
+    monkeypatch.setattr(oracle_module, "QUERY_BLOCK", 8)
+    q, k, v = (x.requires_grad_() for x in _qkv())
+    bias = torch.randn(1, 4, 37, 37, dtype=F64, requires_grad=True)
+    kw = dict(scale=0.3, budget=5, group="kv", causal=causal, key_padding_mask=_mask(),
+              score_bias=bias)
+    ref, out = oracle_attention_naive(q, k, v, **kw), oracle_attention(q, k, v, **kw)
+    assert_close("oracle kv", ref, out, 1e-13)
+    assert_grads_close(ref, out, [q, k, v, bias], "qkvb", 1e-12)
+
+
+@pytest.mark.parametrize("group", ["kv", "head"])
+def test_a_budget_covering_every_key_is_dense_attention(group):
     q, k, v = _qkv()
     mask = _mask()
     dense = softmax_attention(q, k, v, scale=0.3, causal=True, key_padding_mask=mask)
-    oracle = oracle_attention(q, k, v, scale=0.3, budget=37, group="head", key_padding_mask=mask)
+    oracle = oracle_attention(q, k, v, scale=0.3, budget=37, group=group, key_padding_mask=mask)
     valid = mask[:, None, :, None].expand_as(dense)  # rows of real queries
     torch.testing.assert_close(oracle[valid], dense[valid], rtol=0, atol=1e-13)
 
@@ -74,6 +93,95 @@ def test_grouped_heads_share_the_budget():
     out = oracle_attention(q, k, v, scale=1.0, budget=2, group="heads", causal=False)
     kept = (out[0, :, 0] > 0).sum(-1).tolist()
     assert kept == [3, 1]
+
+
+def test_raw_scores_across_heads_can_starve_a_head():
+    """Head 0's scores are head 1's plus 10: the same attention (softmax ignores the shift),
+    yet ``heads`` gives both of a row's H * k = 2 cells to head 0 and leaves head 1 with no
+    key (output 0). ``kv`` gives each head of the group the same k keys, the ones head 1
+    (and head 0) attends most."""
+    k = torch.tensor([[0.0], [1.0], [2.0], [3.0]], dtype=F64)[None, None]
+    q = torch.ones(1, 2, 1, 1, dtype=F64)
+    v = torch.eye(4, dtype=F64)[None, None]
+    bias = torch.tensor([10.0, 0.0], dtype=F64).view(1, 2, 1, 1).expand(1, 2, 1, 4)
+    kw = dict(scale=1.0, budget=1, causal=False, score_bias=bias)
+    heads = oracle_attention(q, k, v, group="heads", **kw)
+    assert heads[0, :, 0].sum(-1).tolist() == [1.0, 0.0]  # head 1 reads nothing
+    kv = oracle_attention(q, k, v, group="kv", **kw)
+    assert kv[0, :, 0].tolist() == [[0.0, 0.0, 0.0, 1.0]] * 2
+
+
+def _setup(seed, t_k=7, causal=True):
+    """Small random inputs (B=2, H=4, Hk=2; padding; a bias), their full scores and allowed
+    keys ``[B, H, Tq, Tk]``, and one-hot values: the op's output is its attention."""
+    gen = torch.Generator().manual_seed(seed)
+    q = 2.0 * torch.randn(2, 4, t_k, 3, generator=gen, dtype=F64)
+    k = torch.randn(2, 2, t_k, 3, generator=gen, dtype=F64)
+    bias = torch.randn(1, 4, t_k, t_k, generator=gen, dtype=F64)
+    mask = torch.ones(2, t_k, dtype=torch.bool)
+    mask[0, 2] = False
+    mask[1, :2] = False
+    allowed = allowed_keys(t_k, t_k, causal=causal, key_padding_mask=mask, device=q.device)
+    allowed = allowed.expand(2, 4, t_k, t_k)
+    scores = (q @ expand_kv_heads(k, 4).transpose(-1, -2) + bias).masked_fill(~allowed,
+                                                                              float("-inf"))
+    v = torch.eye(t_k, dtype=F64)[None, None].expand(2, 2, t_k, t_k)
+    kw = dict(scale=1.0, causal=causal, key_padding_mask=mask, score_bias=bias)
+    return q, k, v, kw, scores, allowed
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_kv_keeps_the_most_mass_of_any_budget_keys(seed, causal):
+    """Every subset of ``budget`` allowed keys per (batch, KV head, row): none keeps more
+    probability summed over the group's heads (softmax per head over its allowed keys) than
+    the op's; the group's heads read the same keys, exactly ``budget`` (or all allowed)."""
+    budget, t_k = 3, 7
+    q, k, v, kw, scores, allowed = _setup(seed, t_k, causal)
+    keep = oracle_keep(scores, budget=budget, group="kv", n_kv_heads=2)
+    out = oracle_attention(q, k, v, budget=budget, group="kv", **kw)
+    assert torch.equal(out > 0, keep)  # the op attends over exactly oracle_keep's keys
+    torch.testing.assert_close(oracle_attention_naive(q, k, v, budget=budget, group="kv", **kw),
+                               out, rtol=0, atol=1e-14)
+    mass = torch.softmax(scores, dim=-1).nan_to_num(0.0).view(2, 2, 2, t_k, t_k).sum(2)
+    keep, allowed = keep.view(2, 2, 2, t_k, t_k), allowed.view(2, 2, 2, t_k, t_k)
+    assert torch.equal(keep[:, :, 0], keep[:, :, 1])  # one selection per KV group
+    for b, g, row in itertools.product(range(2), range(2), range(t_k)):
+        keys = allowed[b, g, 0, row].nonzero().flatten().tolist()
+        chosen = keep[b, g, 0, row].nonzero().flatten().tolist()
+        if len(keys) <= budget:
+            assert chosen == keys
+            continue
+        assert len(chosen) == budget
+        kept = mass[b, g, row, chosen].sum().item()
+        best = max(mass[b, g, row, list(s)].sum().item()
+                   for s in itertools.combinations(keys, budget))
+        assert kept >= best - 1e-12, (b, g, row, chosen)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kv_leaves_no_head_without_keys(seed):
+    """Every head of every row with an allowed key attends (probabilities summing to 1 over
+    keys of nonzero true probability), with a budget of 1."""
+    q, k, v, kw, scores, allowed = _setup(seed)
+    out = oracle_attention(q, k, v, budget=1, group="kv", **kw)
+    has_keys = allowed.any(-1)
+    torch.testing.assert_close(out.sum(-1)[has_keys], torch.ones(int(has_keys.sum()), dtype=F64))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    keep = oracle_keep(scores, budget=1, group="kv", n_kv_heads=2)
+    assert ((probs * keep).sum(-1)[has_keys] > 0).all()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kv_with_the_group_reads_of_head_keeps_at_least_its_mass(seed):
+    """``head`` with budget k reads up to G * k keys per KV head (G = 2 query heads each);
+    ``kv`` with budget G * k keeps at least as much summed probability."""
+    *_, scores, _ = _setup(seed, t_k=9, causal=False)
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    def kept(group, budget):
+        keep = oracle_keep(scores, budget=budget, group=group, n_kv_heads=2)
+        return (probs * keep).sum(-1).view(2, 2, 2, 9).sum(2)
+    assert (kept("kv", 4) >= kept("head", 2) - 1e-12).all()
 
 
 def test_future_keys_do_not_change_the_past():

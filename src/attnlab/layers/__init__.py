@@ -10,6 +10,7 @@ from attnlab.layers import (  # noqa: F401  (registration)
     mlp,
     moa,
     oracle,
+    pages,
     performer,
     positions,
     projections,

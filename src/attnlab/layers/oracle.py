@@ -1,13 +1,23 @@
-"""``oracle`` core: exact attention over each row's top keys by true score (evaluation only).
+"""``oracle`` core: exact attention over each row's oracle keys (evaluation only).
 
 The upper bound of what a key selector with SEA's budget can keep
 (:func:`attnlab.ops.attention.oracle_attention`): it computes every score (O(T^2), slower than
-dense attention), so it measures quality, never speed. ``k`` is the budget per head as SEA's
-``k``; ``group`` as SEA's ``topk_group`` (``"heads"``: a row's ``H * k`` best (head, key)
-cells jointly). Causal or bidirectional, with any score bias.
+dense attention), so it measures quality, never speed. ``group``:
 
-Decoding needs no state of its own: a step scores the new queries against the layer's (or
-the Hugging Face model's) cached keys.
+* ``"kv"`` (default, the ceiling): ``k`` is the keys per KV head per row. Per KV head and
+  query row it keeps the ``k`` keys with the largest attention probability summed over the
+  group's query heads (softmax per head over its allowed keys, score bias included), and
+  every query head of the group attends (exact softmax) to exactly those keys. The mass kept,
+  summed over the group's heads, is additive over keys, so these ``k`` keys keep more of it
+  than any other ``k``: no selector reading ``k`` keys per KV head per row does better.
+* ``"head"``: ``k`` keys per query head, each its own top scores (a GQA group reads up to
+  ``(H / Hk) * k`` keys per KV head);
+* ``"heads"``: as SEA's ``topk_group="heads"``, a row's ``H * k`` best (head, key) raw
+  scores jointly (arbitrary across heads, since softmax ignores a per-head shift; a head can
+  get no key).
+
+Causal or bidirectional, with any score bias. Decoding needs no state of its own: a step
+scores the new queries against the layer's (or the Hugging Face model's) cached keys.
 """
 
 from __future__ import annotations
@@ -25,17 +35,19 @@ from attnlab.ops.attention.oracle import check_oracle, oracle_attention
 
 @dataclasses.dataclass(frozen=True)
 class OracleOptions:
-    """``k``: keys per head per row (SEA's ``k``); ``group``: ``"heads"`` or ``"head"``."""
+    """``k``: keys per row per KV head (``group="kv"``) or per query head (``"head"``, as
+    SEA's ``k``), or ``H * k`` (head, key) cells per row (``"heads"``); ``group``: ``"kv"``,
+    ``"head"`` or ``"heads"`` (see the module)."""
 
     k: int = 256
-    group: str = "heads"
+    group: str = "kv"
 
     def validate(self) -> None:
         check_oracle(self.k, self.group)
 
 
 class OracleCore(AttentionCore):
-    """Exact softmax over each row's top-``k`` keys per head by true score."""
+    """Exact softmax over each row's oracle keys: ``k`` per KV head (``group="kv"``)."""
 
     def __init__(self, options: OracleOptions, causal: bool) -> None:
         super().__init__()
@@ -66,5 +78,5 @@ class OracleCore(AttentionCore):
 
 @CORES.register("oracle", OracleOptions, score_bias=True, budget=("k",))
 def _oracle(ctx: LayerContext, options: OracleOptions, dropout: float) -> OracleCore:
-    """Exact attention over each row's top-k keys by true score: the ceiling of key selection."""
+    """Exact attention over each row's k keys of most attention: the ceiling of key selection."""
     return OracleCore(options, ctx.causal)

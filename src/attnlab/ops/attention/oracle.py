@@ -1,17 +1,28 @@
-"""Oracle top-k attention: each query row attends to the keys with its highest true scores.
+"""Oracle top-k attention: each query row attends to the keys that keep most of its attention.
 
 An evaluation-only upper bound for key selectors such as SEA: with the same budget of keys
-per row, no selector can keep more of the attention than the exact top scores do (it still
-computes every score, O(Tq * Tk)). Grouping as SEA's ``topk_group``:
+per row, no selector can keep more of the attention than the oracle does (it still computes
+every score, O(Tq * Tk)). Grouping (:data:`GROUPS`):
 
-* ``"head"``: each head keeps its own ``k`` best keys;
-* ``"heads"``: a row's ``H * Tk`` (head, key) cells are ranked jointly and the best
-  ``H * k`` kept, so heads with peaked attention give keys to flatter ones.
+* ``"kv"`` (the ceiling): per KV head and query row, the ``k`` keys with the largest
+  attention probability summed over the KV head's query heads (softmax per query head over
+  its allowed keys, score bias included), and every query head of the group attends to
+  exactly those keys: ``k`` is the keys read per query token per KV head, as a sparse kernel
+  that loads each selected key once for its whole GQA group would read. It is the ceiling of
+  that budget because the objective, the probability mass kept summed over the group's heads,
+  is additive over keys: the ``k`` keys of largest summed probability keep the most mass of
+  any ``k`` keys.
+* ``"head"``: each query head keeps its own ``k`` keys of highest score (the query heads of a
+  GQA group choose apart, so together they read up to ``(H / Hk) * k`` keys per KV head);
+* ``"heads"``: a row's ``H * Tk`` (head, key) raw scores are ranked jointly and the best
+  ``H * k`` kept, as SEA's ``topk_group="heads"``. Softmax ignores a per-head shift of the
+  scores, so this ranking across heads is arbitrary, and a head can be left with no key.
 
 Then exact softmax over the kept keys. Causal (queries are the last ``Tq`` keys) and key
-padding (True = real key) are respected; a row with fewer allowed cells than its budget keeps
-them all. :func:`oracle_attention` works in blocks of queries (memory O(block * Tk));
-:func:`oracle_attention_naive` is the one-matrix reference.
+padding (True = real key) are respected; a row with fewer allowed keys than its budget keeps
+them all, one with none gives 0. :func:`oracle_keep` is the selection both ops use.
+:func:`oracle_attention` works in blocks of queries (memory O(block * H * Tk));
+:func:`oracle_attention_naive` is the one-matrix, full-sort reference.
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ from torch import Tensor
 
 from attnlab.ops.attention.masks import allowed_keys, expand_kv_heads
 
-GROUPS = ("head", "heads")
+GROUPS = ("kv", "head", "heads")
 QUERY_BLOCK = 256
 
 
@@ -33,20 +44,41 @@ def check_oracle(k: int, group: str) -> None:
         raise ValueError(f"group must be one of {list(GROUPS)}, got {group!r}")
 
 
-def _attend_top(scores: Tensor, v: Tensor, k: int, group: str) -> Tensor:
-    """scores ``[B, H, Tq', Tk]`` (-inf = not allowed), v ``[B, H, Tk, Dv]`` -> the
-    attention over each row's top cells ``[B, H, Tq', Dv]`` (0 for a row with none)."""
+def _top(cells: Tensor, n: int, full_sort: bool) -> Tensor:
+    """Bool mask of the ``n`` largest entries of each last-dim row of ``cells`` (all of a row
+    shorter than ``n``): by ``topk``, or by a full stable sort (the reference)."""
+    if full_sort:
+        return cells.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1) < n
+    top = cells.topk(min(n, cells.shape[-1]), dim=-1).indices
+    return torch.zeros_like(cells, dtype=torch.bool).scatter_(-1, top, True)
+
+
+def oracle_keep(scores: Tensor, *, budget: int, group: str, n_kv_heads: int,
+                full_sort: bool = False) -> Tensor:
+    """The oracle's selection: scores ``[B, H, Tq, Tk]`` (bias included; -inf = not allowed;
+    query head ``i`` reads KV head ``i // (H / n_kv_heads)``) -> ``[B, H, Tq, Tk]`` bool, the
+    allowed keys each (head, row) attends to (see the module for ``group``). Not
+    differentiable; ``full_sort`` ranks by a full sort instead of ``topk``."""
+    check_oracle(budget, group)
+    scores = scores.detach()
     b, h, t_q, t_k = scores.shape
-    if group == "heads":
+    allowed = scores > float("-inf")
+    if group == "head":
+        keep = _top(scores, budget, full_sort)
+    elif group == "heads":
         flat = scores.transpose(1, 2).reshape(b, t_q, h * t_k)
-        top = flat.topk(min(h * k, h * t_k), dim=-1).indices
-        keep = torch.zeros_like(flat, dtype=torch.bool).scatter_(-1, top, True)
-        keep = keep.view(b, t_q, h, t_k).transpose(1, 2)
+        keep = _top(flat, h * budget, full_sort).view(b, t_q, h, t_k).transpose(1, 2)
     else:
-        top = scores.topk(min(k, t_k), dim=-1).indices
-        keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, top, True)
-    probs = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1).nan_to_num(0.0)
-    return probs @ v
+        if h % n_kv_heads:
+            raise ValueError(f"{h} query heads are not a multiple of {n_kv_heads} key/value "
+                             "heads")
+        g = h // n_kv_heads
+        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row with no key: 0
+        mass = probs.reshape(b, n_kv_heads, g, t_q, t_k).sum(2)
+        # below any probability: a key no head of the group may read is never preferred
+        mass = mass.masked_fill(~allowed.reshape(b, n_kv_heads, g, t_q, t_k).any(2), -1.0)
+        keep = _top(mass, budget, full_sort).repeat_interleave(g, dim=1)
+    return keep & allowed
 
 
 def _scores(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float,
@@ -57,24 +89,23 @@ def _scores(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float,
     return scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
 
 
-def oracle_attention(
-    q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group: str = "heads",
-    causal: bool = True, key_padding_mask: Tensor | None = None,
-    score_bias: Tensor | None = None,
-) -> Tensor:
-    """Exact attention over each row's top-``budget`` keys by true score.
+def _attend(scores: Tensor, v: Tensor, keep: Tensor) -> Tensor:
+    """Exact softmax of ``scores`` over the ``keep`` cells, times v; 0 (and zero gradients,
+    not NaN) for a row that keeps nothing."""
+    kept_any = keep.any(dim=-1, keepdim=True)
+    logits = scores.masked_fill(~keep, float("-inf")).masked_fill(~kept_any, 0.0)
+    return (torch.softmax(logits, dim=-1) * kept_any) @ v
 
-    q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k, v ``[B, Hk, Tk, D]`` (``Hk``
-    divides ``H``), key_padding_mask ``[B, Tk]`` (True = real key) -> ``[B, H, Tq, Dv]``.
-    ``budget``: keys per head (``group="heads"``: ``H * budget`` cells per row).
-    ``score_bias``: added to the scores before the selection, ``[B or 1, H or 1, Tq, Tk]``.
-    """
+
+def _oracle(q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group: str,
+            causal: bool, key_padding_mask: Tensor | None, score_bias: Tensor | None,
+            block: int, full_sort: bool) -> Tensor:
     check_oracle(budget, group)
-    h, t_q, t_k = q.shape[1], q.shape[-2], k.shape[-2]
+    h, h_kv, t_q, t_k = q.shape[1], k.shape[1], q.shape[-2], k.shape[-2]
     k, v = expand_kv_heads(k, h), expand_kv_heads(v, h)
     out = []
-    for start in range(0, t_q, QUERY_BLOCK):
-        stop = min(start + QUERY_BLOCK, t_q)
+    for start in range(0, t_q, block):
+        stop = min(start + block, t_q)
         # keys after the block's last query are never allowed: leave them out
         t_seen = t_k - t_q + stop if causal else t_k
         padding = None if key_padding_mask is None else key_padding_mask[:, :t_seen]
@@ -82,30 +113,37 @@ def oracle_attention(
                                device=q.device)
         bias = None if score_bias is None else score_bias[..., start:stop, :t_seen]
         scores = _scores(q[..., start:stop, :], k[..., :t_seen, :], allowed, scale, bias)
-        out.append(_attend_top(scores, v[..., :t_seen, :], budget, group))
+        keep = oracle_keep(scores, budget=budget, group=group, n_kv_heads=h_kv,
+                           full_sort=full_sort)
+        out.append(_attend(scores, v[..., :t_seen, :], keep))
     return torch.cat(out, dim=-2)
 
 
-def oracle_attention_naive(
-    q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group: str = "heads",
+def oracle_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group: str = "kv",
     causal: bool = True, key_padding_mask: Tensor | None = None,
     score_bias: Tensor | None = None,
 ) -> Tensor:
-    """Reference of :func:`oracle_attention`: every score in one matrix, the top cells by
+    """Exact attention over each row's oracle keys (:func:`oracle_keep`).
+
+    q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k, v ``[B, Hk, Tk, D]`` (``Hk``
+    divides ``H``), key_padding_mask ``[B, Tk]`` (True = real key) -> ``[B, H, Tq, Dv]``.
+    ``budget``: keys per KV head per row (``"kv"``), per head (``"head"``), or ``H * budget``
+    (head, key) cells per row (``"heads"``).
+    ``score_bias``: added to the scores before the selection, ``[B or 1, H or 1, Tq, Tk]``.
+    """
+    return _oracle(q, k, v, scale=scale, budget=budget, group=group, causal=causal,
+                   key_padding_mask=key_padding_mask, score_bias=score_bias,
+                   block=QUERY_BLOCK, full_sort=False)
+
+
+def oracle_attention_naive(
+    q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group: str = "kv",
+    causal: bool = True, key_padding_mask: Tensor | None = None,
+    score_bias: Tensor | None = None,
+) -> Tensor:
+    """Reference of :func:`oracle_attention`: every score in one matrix, the kept keys by
     a full sort."""
-    check_oracle(budget, group)
-    h, t_q, t_k = q.shape[1], q.shape[-2], k.shape[-2]
-    k, v = expand_kv_heads(k, h), expand_kv_heads(v, h)
-    allowed = allowed_keys(t_q, t_k, causal=causal, key_padding_mask=key_padding_mask,
-                           device=q.device)
-    scores = _scores(q, k, allowed, scale, score_bias)
-    b = scores.shape[0]
-    cells = scores.transpose(1, 2).reshape(b, t_q, h * t_k) if group == "heads" else scores
-    n_keep = budget * h if group == "heads" else budget
-    order = cells.argsort(dim=-1, descending=True, stable=True)
-    rank = order.argsort(dim=-1)
-    keep = rank < n_keep
-    if group == "heads":
-        keep = keep.view(b, t_q, h, t_k).transpose(1, 2)
-    probs = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1).nan_to_num(0.0)
-    return probs @ v
+    return _oracle(q, k, v, scale=scale, budget=budget, group=group, causal=causal,
+                   key_padding_mask=key_padding_mask, score_bias=score_bias,
+                   block=max(q.shape[-2], 1), full_sort=True)

@@ -1,0 +1,111 @@
+"""``quest`` and ``block`` cores: training-free selection of pages of keys per KV head.
+
+``quest`` (Quest) scores each page of 16 keys by the upper bound of its largest logit from
+the elementwise minimum and maximum of its keys; ``block`` (block top-k, as InfLLM / MoBA)
+scores pages of 64 keys by their mean key. Both keep ``budget`` keys per query token per KV
+head (the query heads of a GQA group read the same keys): the first ``sink_pages`` pages, the
+query's own page and the ``local_pages - 1`` before it, and the best other pages, then exact
+softmax over them (:func:`attnlab.ops.attention.pages.paged_attention`). Layers below
+``dense_layers`` attend to every key (Quest keeps its first two layers dense).
+
+The selection reads every page summary (O(T / page) per query), and the attention runs over
+masked dense scores here: these cores measure quality at an equal budget, not speed.
+Decoding needs no state of its own: a step selects from the layer's (or the Hugging Face
+model's) cached keys, whose pages are counted over the real keys, so padding does not move
+them and a cached step equals the full pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torch import Tensor
+
+from attnlab.config import ConfigError
+from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
+from attnlab.layers.bias import ScoreBias
+from attnlab.layers.registry import CORES
+from attnlab.ops.attention import softmax_attention
+from attnlab.ops.attention.pages import check_pages, paged_attention
+
+
+@dataclasses.dataclass(frozen=True)
+class PageOptions:
+    """``budget``: keys read per query token per KV head (a multiple of ``page``);
+    ``page``: keys per page; ``sink_pages`` / ``local_pages``: pages always kept at the start
+    and up to the query; ``dense_layers``: this many first layers attend to every key."""
+
+    budget: int = 256
+    page: int = 16
+    sink_pages: int = 1
+    local_pages: int = 1
+    dense_layers: int = 0
+
+    def validate(self) -> None:
+        check_pages(self.budget, self.page, self.sink_pages, self.local_pages)
+        if self.dense_layers < 0:
+            raise ValueError(f"dense_layers must be >= 0, got {self.dense_layers}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockOptions(PageOptions):
+    """As :class:`PageOptions`, with InfLLM / MoBA's larger blocks."""
+
+    page: int = 64
+
+
+class PageCore(AttentionCore):
+    """Exact softmax over the pages each row keeps per KV head, scored by ``scorer``."""
+
+    def __init__(self, options: PageOptions, scorer: str, causal: bool, dense: bool) -> None:
+        super().__init__()
+        self.options, self.scorer, self.causal, self.dense = options, scorer, causal, dense
+
+    def extra_repr(self) -> str:
+        o = self.options
+        return (f"scorer={self.scorer!r}, budget={o.budget}, page={o.page}, "
+                f"sink_pages={o.sink_pages}, local_pages={o.local_pages}, dense={self.dense}")
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        scale: float,
+        key_padding_mask: Tensor | None = None,
+        score_bias: ScoreBias | None = None,
+        state: Any = None,
+    ) -> CoreOutput:
+        """q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k, v ``[B, Hk, Tk, D]`` ->
+        ``[B, H, Tq, D]``; ``key_padding_mask`` ``[B, Tk]``, True = real key."""
+        bias = None if score_bias is None else score_bias.dense()
+        if self.dense:
+            return CoreOutput(softmax_attention(q, k, v, scale=scale, causal=self.causal,
+                                                key_padding_mask=key_padding_mask,
+                                                score_bias=bias))
+        o = self.options
+        return CoreOutput(paged_attention(
+            q, k, v, scale=scale, budget=o.budget, page=o.page, scorer=self.scorer,
+            sink_pages=o.sink_pages, local_pages=o.local_pages, causal=self.causal,
+            key_padding_mask=key_padding_mask, score_bias=bias))
+
+
+def _build(ctx: LayerContext, options: PageOptions, scorer: str) -> PageCore:
+    if options.dense_layers > ctx.n_layers:
+        raise ConfigError(f"dense_layers={options.dense_layers} exceeds the model's "
+                          f"{ctx.n_layers} layers")
+    return PageCore(options, scorer, ctx.causal, dense=ctx.layer_idx < options.dense_layers)
+
+
+@CORES.register("quest", PageOptions, score_bias=True, budget=("budget",))
+def _quest(ctx: LayerContext, options: PageOptions, dropout: float) -> PageCore:
+    """Quest: pages of keys scored by their min/max bound, the best kept per KV head."""
+    return _build(ctx, options, "quest")
+
+
+@CORES.register("block", BlockOptions, score_bias=True, budget=("budget",))
+def _block(ctx: LayerContext, options: BlockOptions, dropout: float) -> PageCore:
+    """Block top-k (InfLLM / MoBA): key blocks scored by their mean key, kept per KV head."""
+    return _build(ctx, options, "mean")

@@ -1,0 +1,238 @@
+"""Training-free key selection by pages of keys: Quest and block top-k (InfLLM / MoBA).
+
+The keys are cut into pages of ``page`` real keys (counted by rank among the real keys, so
+left padding does not move the pages). For each query row and KV head the op keeps ``budget``
+keys' worth of pages (``budget // page``): the first ``sink_pages`` pages (attention sinks),
+the query's own page and the ``local_pages - 1`` before it (the recent keys), and the rest
+the best-scored pages; then exact softmax over the kept keys (causal and padding masks
+still apply inside the pages). Each query head scores every page:
+
+* ``quest`` (Quest): from the elementwise minimum and maximum of the page's keys, an upper
+  bound of the page's largest logit, ``sum_d max(q_d min_d, q_d max_d)``;
+* ``mean`` (block top-k): the logit of the page's mean key.
+
+The query heads of a KV group read the same keys: each head's page scores become
+probabilities (softmax over the pages it may read, the scores scaled as logits), summed over
+the group, and the group keeps the top pages of that sum. So ``budget`` is what a decode step
+reads per query token per KV head. The selection is not differentiable (gradients flow
+through the attention over the kept keys); a score bias is added to the kept keys' scores,
+and does not take part in the selection.
+
+:func:`paged_attention` works in blocks of queries (memory O(block * Tk));
+:func:`paged_attention_naive` selects by loops over rows and heads, its reference.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnlab.ops.attention.masks import allowed_keys, expand_kv_heads
+
+SCORERS = ("quest", "mean")
+QUERY_BLOCK = 256
+
+
+def check_pages(budget: int, page: int, sink_pages: int, local_pages: int) -> None:
+    """``ValueError`` unless the budget is a whole number of pages, more than the sink and
+    local pages together."""
+    if page < 1:
+        raise ValueError(f"page must be >= 1 key, got {page}")
+    if sink_pages < 0 or local_pages < 1:
+        raise ValueError(f"sink_pages must be >= 0 and local_pages >= 1 (the query's own page),"
+                         f" got {sink_pages} and {local_pages}")
+    if budget % page:
+        raise ValueError(f"budget {budget} is not a whole number of pages of {page} keys; "
+                         f"give a multiple of {page}, e.g. {max(page, budget // page * page)}")
+    if budget // page <= sink_pages + local_pages:
+        raise ValueError(f"budget {budget} = {budget // page} pages of {page} leaves none to "
+                         f"select beside {sink_pages} sink and {local_pages} local page(s); "
+                         f"give at least {(sink_pages + local_pages + 1) * page}")
+
+
+def key_ranks(key_padding_mask: Tensor | None, batch: int, t_k: int,
+              device: torch.device) -> Tensor:
+    """``[B, Tk]``: each key's rank among its row's real keys (-1 for padding)."""
+    if key_padding_mask is None:
+        return torch.arange(t_k, device=device).expand(batch, t_k)
+    real = key_padding_mask.to(torch.long)
+    return torch.where(key_padding_mask, real.cumsum(-1) - 1, -1)
+
+
+def page_keys(k: Tensor, pages: Tensor, n_pages: int, scorer: str) -> tuple[Tensor, ...]:
+    """k ``[B, Hk, Tk, D]``, pages ``[B, Tk]`` (a key's page, -1 for padding) -> the pages'
+    summaries ``[B, Hk, P, D]``: (min, max) for ``quest``, (mean,) for ``mean``."""
+    b, h_kv, _, d = k.shape
+    index = pages.clamp_min(0)[:, None, :, None].expand_as(k)
+    real = (pages >= 0)[:, None, :, None]
+    shape = (b, h_kv, n_pages, d)
+    if scorer == "quest":
+        low = k.new_full(shape, float("inf")).scatter_reduce(
+            2, index, k.masked_fill(~real, float("inf")), "amin")
+        high = k.new_full(shape, float("-inf")).scatter_reduce(
+            2, index, k.masked_fill(~real, float("-inf")), "amax")
+        return low, high
+    total = k.new_zeros(shape).scatter_add(2, index, k * real)
+    count = k.new_zeros(b, 1, n_pages, 1).scatter_add(
+        2, pages.clamp_min(0)[:, None, :, None], real[:, :, :, :1].to(k.dtype))
+    return (total / count.clamp_min(1.0),)
+
+
+def page_logits(q: Tensor, summary: tuple[Tensor, ...], scale: float) -> Tensor:
+    """q ``[B, H, Tq, D]`` and a page summary (:func:`page_keys`, KV heads expanded) ->
+    each head's page scores ``[B, H, Tq, P]``."""
+    if len(summary) == 2:  # sum_d max(q_d min_d, q_d max_d), as two matmuls
+        low, high = (s.nan_to_num(0.0, posinf=0.0, neginf=0.0) for s in summary)  # empty pages
+        bound = q.clamp_min(0) @ high.transpose(-1, -2) + q.clamp_max(0) @ low.transpose(-1, -2)
+        return bound * scale
+    return (q @ summary[0].transpose(-1, -2)) * scale
+
+
+def select_pages(logits: Tensor, h_kv: int, readable: Tensor, forced: Tensor, n_top: int
+                 ) -> Tensor:
+    """Per KV head and row, the pages kept ``[B, Hk, Tq, P]`` (bool): the ``forced`` ones
+    ``[B, 1, Tq, P]`` and the ``n_top`` best other ``readable`` ones ``[B, 1, Tq, P]`` by the
+    group's summed page probabilities (each head's softmax over those candidates: the forced
+    pages, the query's own among them, stay out, so keys after the query never weigh in)."""
+    b, h, t_q, n_pages = logits.shape
+    candidates = readable & ~forced
+    probs = torch.softmax(logits.masked_fill(~candidates, float("-inf")), -1).nan_to_num(0.0)
+    group = probs.view(b, h_kv, h // h_kv, t_q, n_pages).sum(2)
+    ranked = group.masked_fill(~candidates, float("-inf"))
+    top = ranked.topk(min(n_top, n_pages), dim=-1)
+    chosen = torch.zeros_like(candidates.expand_as(ranked)).scatter_(
+        -1, top.indices, top.values > float("-inf"))
+    return chosen | (forced & readable)
+
+
+def _page_masks(ranks: Tensor, q_rank: Tensor, n_pages: int, page: int, sink_pages: int,
+                local_pages: int, causal: bool) -> tuple[Tensor, Tensor]:
+    """``readable`` and ``forced`` pages ``[B, 1, Tq, P]`` for queries of rank ``q_rank``
+    ``[B, Tq]`` (-1: a padded query) among keys of ranks ``ranks`` ``[B, Tk]``."""
+    index = torch.arange(n_pages, device=ranks.device)
+    has_keys = index[None, :] * page <= ranks.max(-1, keepdim=True).values  # [B, P]
+    own = (q_rank.clamp_min(0) // page)[..., None]  # [B, Tq, 1]
+    readable = has_keys[:, None, :] & ((index <= own) if causal else True)
+    forced = (index < sink_pages) | ((index <= own) & (index > own - local_pages))
+    return readable[:, None], (forced & readable)[:, None]
+
+
+def paged_keep(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int, scorer: str,
+               sink_pages: int, local_pages: int, causal: bool,
+               key_padding_mask: Tensor | None) -> Tensor:
+    """The keys each row keeps per KV head, ``[B, Hk, Tq, Tk]`` bool (before the causal and
+    padding masks), for q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k ``[B, Hk, Tk, D]``."""
+    b, h_kv, t_k, _ = k.shape
+    t_q = q.shape[-2]
+    with torch.no_grad():
+        ranks = key_ranks(key_padding_mask, b, t_k, k.device)
+        pages = torch.where(ranks >= 0, ranks // page, -1)
+        n_pages = max(1, -(-t_k // page))
+        summary = tuple(expand_kv_heads(s, q.shape[1])
+                        for s in page_keys(k.detach(), pages, n_pages, scorer))
+        logits = page_logits(q.detach(), summary, scale)
+        readable, forced = _page_masks(ranks, ranks[:, t_k - t_q:], n_pages, page,
+                                       sink_pages, local_pages, causal)
+        kept = select_pages(logits, h_kv, readable, forced,
+                            budget // page - sink_pages - local_pages)
+        at_key = pages.clamp_min(0)[:, None, None, :].expand(b, h_kv, t_q, t_k)
+        return kept.gather(-1, at_key) & (pages >= 0)[:, None, None, :]
+
+
+def attend_kept(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, allowed: Tensor | None,
+                scale: float, bias: Tensor | None) -> Tensor:
+    """Exact softmax of q ``[B, H, Tq, D]`` over the keys ``keep`` ``[B, Hk, Tq, Tk]`` (and
+    ``allowed``) of k, v ``[B, Hk, Tk, D]`` -> ``[B, H, Tq, Dv]`` (0 for a row with none)."""
+    h = q.shape[1]
+    keep = expand_kv_heads(keep, h)
+    if allowed is not None:
+        keep = keep & allowed
+    scores = (q @ expand_kv_heads(k, h).transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias
+    probs = torch.softmax(scores.masked_fill(~keep, float("-inf")), -1).nan_to_num(0.0)
+    return probs @ expand_kv_heads(v, h)
+
+
+def paged_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, page: int = 16,
+    scorer: str = "quest", sink_pages: int = 1, local_pages: int = 1, causal: bool = True,
+    key_padding_mask: Tensor | None = None, score_bias: Tensor | None = None,
+) -> Tensor:
+    """Exact attention over each row's pages kept per KV head (module docstring).
+
+    q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k, v ``[B, Hk, Tk, D]`` (``Hk``
+    divides ``H``), key_padding_mask ``[B, Tk]`` (True = real key), score_bias
+    ``[B or 1, H or 1, Tq, Tk]`` -> ``[B, H, Tq, Dv]``.
+    """
+    check_pages(budget, page, sink_pages, local_pages)
+    if scorer not in SCORERS:
+        raise ValueError(f"scorer must be one of {list(SCORERS)}, got {scorer!r}")
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    out = []
+    for start in range(0, t_q, QUERY_BLOCK):
+        stop = min(start + QUERY_BLOCK, t_q)
+        t_seen = t_k - t_q + stop if causal else t_k  # later keys are never allowed
+        padding = None if key_padding_mask is None else key_padding_mask[:, :t_seen]
+        k_seen, v_seen = k[..., :t_seen, :], v[..., :t_seen, :]
+        q_block = q[..., start:stop, :]
+        keep = paged_keep(q_block, k_seen, scale=scale, budget=budget, page=page,
+                          scorer=scorer, sink_pages=sink_pages, local_pages=local_pages,
+                          causal=causal, key_padding_mask=padding)
+        allowed = allowed_keys(stop - start, t_seen, causal=causal, key_padding_mask=padding,
+                               device=q.device)
+        bias = None if score_bias is None else score_bias[..., start:stop, :t_seen]
+        out.append(attend_kept(q_block, k_seen, v_seen, keep, allowed, scale, bias))
+    return torch.cat(out, dim=-2)
+
+
+def paged_attention_naive(
+    q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, page: int = 16,
+    scorer: str = "quest", sink_pages: int = 1, local_pages: int = 1, causal: bool = True,
+    key_padding_mask: Tensor | None = None, score_bias: Tensor | None = None,
+) -> Tensor:
+    """Reference of :func:`paged_attention`: for each row and KV head, the real keys listed
+    and cut into pages, each candidate page scored by every head of the group from its keys,
+    and the pages chosen by a full sort."""
+    check_pages(budget, page, sink_pages, local_pages)
+    b, h, t_q, _ = q.shape
+    h_kv, t_k = k.shape[1], k.shape[-2]
+    per = h // h_kv
+    qd, kd = q.detach(), k.detach()  # the selection is not differentiated
+    real = (torch.ones(b, t_k, dtype=torch.bool) if key_padding_mask is None
+            else key_padding_mask.cpu())
+    keep = torch.zeros(b, h_kv, t_q, t_k, dtype=torch.bool)
+    for bi in range(b):
+        positions = [j for j in range(t_k) if real[bi, j]]  # page p: positions[p*P:(p+1)*P]
+        pages = [positions[i:i + page] for i in range(0, len(positions), page)]
+        for i in range(t_q):
+            at = t_k - t_q + i
+            if at not in positions:
+                continue  # a padded query keeps nothing (its output is ignored)
+            own = positions.index(at) // page
+            readable = [p for p in range(len(pages)) if not causal or p <= own]
+            forced = [p for p in readable if p < sink_pages or own - local_pages < p <= own]
+            candidates = [p for p in readable if p not in forced]
+            for g in range(h_kv):
+                total = {p: 0.0 for p in candidates}
+                for head in range(g * per, (g + 1) * per):
+                    logits = [_page_logit(qd[bi, head, i], kd[bi, g, pages[p]], scorer) * scale
+                              for p in candidates]
+                    probs = torch.softmax(torch.tensor(logits, dtype=torch.float64), 0)
+                    for p, prob in zip(candidates, probs.tolist(), strict=True):
+                        total[p] += prob
+                ranked = sorted(candidates, key=lambda p: -total[p])
+                chosen = forced + ranked[:budget // page - sink_pages - local_pages]
+                for p in chosen:
+                    keep[bi, g, i, pages[p]] = True
+    allowed = allowed_keys(t_q, t_k, causal=causal, key_padding_mask=key_padding_mask,
+                           device=q.device)
+    return attend_kept(q, k, v, keep.to(q.device), allowed, scale, score_bias)
+
+
+def _page_logit(query: Tensor, keys: Tensor, scorer: str) -> float:
+    """One head's score of one page: query ``[D]``, the page's keys ``[n, D]``."""
+    if scorer == "quest":
+        low, high = keys.min(0).values, keys.max(0).values
+        return float(torch.maximum(query * low, query * high).sum())
+    return float(query @ keys.mean(0))
