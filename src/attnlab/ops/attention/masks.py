@@ -44,3 +44,12 @@ def expand_kv_heads(x: Tensor, n_heads: int) -> Tensor:
     if n_heads % h_kv:
         raise ValueError(f"{n_heads} query heads are not a multiple of {h_kv} key/value heads")
     return x.repeat_interleave(n_heads // h_kv, dim=1)
+
+
+def attend_kept(scores: Tensor, v: Tensor, keep: Tensor) -> Tensor:
+    """Exact softmax of ``scores`` ``[B, H, Tq, Tk]`` over the ``keep`` cells (bool, same
+    shape), times v ``[B, H, Tk, Dv]`` -> ``[B, H, Tq, Dv]``; 0 (and zero gradients, not NaN)
+    for a row that keeps nothing."""
+    kept_any = keep.any(dim=-1, keepdim=True)
+    logits = scores.masked_fill(~keep, float("-inf")).masked_fill(~kept_any, 0.0)
+    return (torch.softmax(logits, dim=-1) * kept_any) @ v

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.ops.attention.masks import allowed_keys, expand_kv_heads
+from attnlab.ops.attention.masks import allowed_keys, attend_kept, expand_kv_heads
 
 GROUPS = ("kv", "head", "heads")
 QUERY_BLOCK = 256
@@ -89,14 +89,6 @@ def _scores(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float,
     return scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
 
 
-def _attend(scores: Tensor, v: Tensor, keep: Tensor) -> Tensor:
-    """Exact softmax of ``scores`` over the ``keep`` cells, times v; 0 (and zero gradients,
-    not NaN) for a row that keeps nothing."""
-    kept_any = keep.any(dim=-1, keepdim=True)
-    logits = scores.masked_fill(~keep, float("-inf")).masked_fill(~kept_any, 0.0)
-    return (torch.softmax(logits, dim=-1) * kept_any) @ v
-
-
 def _oracle(q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group: str,
             causal: bool, key_padding_mask: Tensor | None, score_bias: Tensor | None,
             block: int, full_sort: bool) -> Tensor:
@@ -115,7 +107,7 @@ def _oracle(q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group
         scores = _scores(q[..., start:stop, :], k[..., :t_seen, :], allowed, scale, bias)
         keep = oracle_keep(scores, budget=budget, group=group, n_kv_heads=h_kv,
                            full_sort=full_sort)
-        out.append(_attend(scores, v[..., :t_seen, :], keep))
+        out.append(attend_kept(scores, v[..., :t_seen, :], keep))
     return torch.cat(out, dim=-2)
 
 

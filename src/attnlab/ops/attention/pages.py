@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.ops.attention.masks import allowed_keys, expand_kv_heads
+from attnlab.ops.attention.masks import allowed_keys, attend_kept, expand_kv_heads
 
 SCORERS = ("quest", "mean")
 QUERY_BLOCK = 256
@@ -139,8 +139,8 @@ def paged_keep(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int, sc
         return kept.gather(-1, at_key) & (pages >= 0)[:, None, None, :]
 
 
-def attend_kept(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, allowed: Tensor | None,
-                scale: float, bias: Tensor | None) -> Tensor:
+def attend_pages(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, allowed: Tensor | None,
+                 scale: float, bias: Tensor | None) -> Tensor:
     """Exact softmax of q ``[B, H, Tq, D]`` over the keys ``keep`` ``[B, Hk, Tq, Tk]`` (and
     ``allowed``) of k, v ``[B, Hk, Tk, D]`` -> ``[B, H, Tq, Dv]`` (0 for a row with none)."""
     h = q.shape[1]
@@ -150,8 +150,7 @@ def attend_kept(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, allowed: Tensor |
     scores = (q @ expand_kv_heads(k, h).transpose(-1, -2)) * scale
     if bias is not None:
         scores = scores + bias
-    probs = torch.softmax(scores.masked_fill(~keep, float("-inf")), -1).nan_to_num(0.0)
-    return probs @ expand_kv_heads(v, h)
+    return attend_kept(scores, expand_kv_heads(v, h), keep)
 
 
 def paged_attention(
@@ -182,7 +181,7 @@ def paged_attention(
         allowed = allowed_keys(stop - start, t_seen, causal=causal, key_padding_mask=padding,
                                device=q.device)
         bias = None if score_bias is None else score_bias[..., start:stop, :t_seen]
-        out.append(attend_kept(q_block, k_seen, v_seen, keep, allowed, scale, bias))
+        out.append(attend_pages(q_block, k_seen, v_seen, keep, allowed, scale, bias))
     return torch.cat(out, dim=-2)
 
 
@@ -227,7 +226,7 @@ def paged_attention_naive(
                     keep[bi, g, i, pages[p]] = True
     allowed = allowed_keys(t_q, t_k, causal=causal, key_padding_mask=key_padding_mask,
                            device=q.device)
-    return attend_kept(q, k, v, keep.to(q.device), allowed, scale, score_bias)
+    return attend_pages(q, k, v, keep.to(q.device), allowed, scale, score_bias)
 
 
 def _page_logit(query: Tensor, keys: Tensor, scorer: str) -> float:
