@@ -107,6 +107,16 @@ def test_a_forced_write_never_replaces_an_input_file(tmp_path):
     assert (folder / "tokenizer.json").read_text() == "input"
     assert [p.name for p in tmp_path.iterdir()] == ["x"]  # the temporary folder is gone
 
+    def into_the_run(tmp):
+        (tmp / "run").mkdir()
+        (tmp / "run" / "a").write_text("x")
+
+    (folder / "run").mkdir()  # nor a file inside an input folder
+    out = OutputFolder.of(folder, "export", force=True, inputs=[folder / "run"])
+    with pytest.raises(OutputRefused, match="would replace"):
+        out.write(into_the_run)
+    assert not (folder / "run" / "a").exists()
+
 
 def test_the_current_folder_is_written_file_by_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

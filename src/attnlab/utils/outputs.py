@@ -160,7 +160,7 @@ class OutputFolder:
         whole (:func:`~attnlab.utils.io.write_folder`: a crash leaves one complete folder);
         into any other folder (``force``, or the current folder) each file is moved in by
         one rename, and the files this command wrote there before and writes no more are
-        removed. A file of the command's inputs is never replaced."""
+        removed. No file of the command's inputs (or inside an input folder) is replaced."""
         if self._swappable():
             def fill_owned(tmp: Path) -> None:
                 fill(tmp)
@@ -190,7 +190,8 @@ class OutputFolder:
 
     def _move_in(self, tmp: Path, files: list[str]) -> None:
         targets = [self.path / name for name in files]
-        if clash := [str(t) for t in targets if t.resolve() in self.inputs]:
+        if clash := [str(t) for t in targets
+                     if any(_is_within(t.resolve(), source) for source in self.inputs)]:
             raise OutputRefused(f"{self.option} {self.path}: writing there would replace "
                                 f"{', '.join(clash)}, which this command reads; choose "
                                 "another folder")
