@@ -14,6 +14,8 @@ from typing import BinaryIO
 
 import zstandard
 
+from attnlab.utils.readers import decode_utf8
+
 BLOCK_BYTES = 1 << 20
 """Target size of one block read from disk."""
 
@@ -45,13 +47,7 @@ def iter_text_blocks(fh: BinaryIO, start: int, end: int, name: str) -> Iterator[
             return
         if pos + len(block) < end and not block.endswith(b"\n"):
             block += fh.readline(end - pos - len(block))
-        try:
-            text = block.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(
-                f"{name}: not UTF-8 text (invalid byte at offset {pos + err.start}); "
-                "expected UTF-8 plain text"
-            ) from err
+        text = decode_utf8(block, name, "UTF-8 plain text", offset=pos)
         pos += len(block)
         yield text
 

@@ -229,16 +229,16 @@ def file_kind(path: Path) -> str | None:
     context, match), ``"png"`` (a figure attnlab saved), ``"yaml"`` (a matched config), or
     None for any other file."""
     try:
-        head = path.read_bytes()[:1 << 20]
+        data = path.read_bytes()
     except OSError:
         return None
-    if head.startswith(b"\x89PNG"):
-        return "png" if b"Software\x00" + PNG_SOFTWARE.encode() in head else None
-    if head.startswith(b"# Matched by `attnlab match`"):
+    if data.startswith(b"\x89PNG"):
+        return "png" if b"Software\x00" + PNG_SOFTWARE.encode() in data[:1 << 20] else None
+    if data.startswith(b"# Matched by `attnlab match`"):
         return "yaml"
     try:
-        payload = json.loads(path.read_text())
-    except (OSError, ValueError):
+        payload = json.loads(data)
+    except ValueError:  # not JSON, or not UTF-8
         return None
     if isinstance(payload, dict) and ("written_by" in payload or {"machine", "results"}
                                       <= payload.keys() or "bench" in payload):

@@ -14,15 +14,21 @@ from pathlib import Path
 from typing import Any
 
 
-def read_text(path: str | os.PathLike[str], expected: str) -> str:
-    """The UTF-8 text of ``path``; ``ValueError`` with the offset of the first byte that is
-    not UTF-8 (nothing is replaced silently). ``expected``: what the file should hold."""
-    data = Path(path).read_bytes()
+def decode_utf8(data: bytes, name: str | os.PathLike[str], expected: str, offset: int = 0
+                ) -> str:
+    """``data`` (the bytes of file ``name`` from byte ``offset`` on) as UTF-8 text;
+    ``ValueError`` with the file offset of the first byte that is not UTF-8 (nothing is
+    replaced silently). ``expected``: what the file should hold."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text (invalid byte at offset {err.start}); "
-                         f"expected {expected}") from err
+        raise ValueError(f"{name}: not UTF-8 text (invalid byte at offset "
+                         f"{offset + err.start}); expected {expected}") from err
+
+
+def read_text(path: str | os.PathLike[str], expected: str) -> str:
+    """The UTF-8 text of ``path`` (:func:`decode_utf8`)."""
+    return decode_utf8(Path(path).read_bytes(), path, expected)
 
 
 def parse_json(path: str | os.PathLike[str], expected: str, hint: str = "") -> Any:

@@ -53,3 +53,25 @@ def attend_kept(scores: Tensor, v: Tensor, keep: Tensor) -> Tensor:
     kept_any = keep.any(dim=-1, keepdim=True)
     logits = scores.masked_fill(~keep, float("-inf")).masked_fill(~kept_any, 0.0)
     return (torch.softmax(logits, dim=-1) * kept_any) @ v
+
+
+def key_ranks(key_padding_mask: Tensor | None, batch: int, t_k: int,
+              device: torch.device | None) -> Tensor:
+    """``[B, Tk]`` rank of each key among its row's real keys (padding keys get -1), so that
+    selections counted by rank do not move with left padding."""
+    if key_padding_mask is None:
+        return torch.arange(t_k, device=device).expand(batch, t_k)
+    counts = key_padding_mask.long().cumsum(-1)
+    return torch.where(key_padding_mask, counts - 1, -1)
+
+
+def masked_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, scale: float,
+                     bias: Tensor | None = None) -> Tensor:
+    """Exact softmax attention of q ``[B, H, Tq, D]`` over the keys ``keep`` (bool,
+    broadcastable to ``[B, H, Tq, Tk]``) of k, v ``[B, Hk, Tk, D]``, ``bias`` added to the
+    scores -> ``[B, H, Tq, Dv]``; a row with no key outputs 0 (:func:`attend_kept`)."""
+    h = q.shape[1]
+    scores = (q @ expand_kv_heads(k, h).transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias
+    return attend_kept(scores, expand_kv_heads(v, h), keep)

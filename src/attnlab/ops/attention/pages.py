@@ -27,7 +27,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.ops.attention.masks import allowed_keys, attend_kept, expand_kv_heads
+from attnlab.ops.attention.masks import (
+    allowed_keys,
+    expand_kv_heads,
+    key_ranks,
+    masked_attention,
+)
 
 SCORERS = ("quest", "mean")
 QUERY_BLOCK = 256
@@ -48,15 +53,6 @@ def check_pages(budget: int, page: int, sink_pages: int, local_pages: int) -> No
         raise ValueError(f"budget {budget} = {budget // page} pages of {page} leaves none to "
                          f"select beside {sink_pages} sink and {local_pages} local page(s); "
                          f"give at least {(sink_pages + local_pages + 1) * page}")
-
-
-def key_ranks(key_padding_mask: Tensor | None, batch: int, t_k: int,
-              device: torch.device) -> Tensor:
-    """``[B, Tk]``: each key's rank among its row's real keys (-1 for padding)."""
-    if key_padding_mask is None:
-        return torch.arange(t_k, device=device).expand(batch, t_k)
-    real = key_padding_mask.to(torch.long)
-    return torch.where(key_padding_mask, real.cumsum(-1) - 1, -1)
 
 
 def page_keys(k: Tensor, pages: Tensor, n_pages: int, scorer: str) -> tuple[Tensor, ...]:
@@ -143,14 +139,8 @@ def attend_pages(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, allowed: Tensor 
                  scale: float, bias: Tensor | None) -> Tensor:
     """Exact softmax of q ``[B, H, Tq, D]`` over the keys ``keep`` ``[B, Hk, Tq, Tk]`` (and
     ``allowed``) of k, v ``[B, Hk, Tk, D]`` -> ``[B, H, Tq, Dv]`` (0 for a row with none)."""
-    h = q.shape[1]
-    keep = expand_kv_heads(keep, h)
-    if allowed is not None:
-        keep = keep & allowed
-    scores = (q @ expand_kv_heads(k, h).transpose(-1, -2)) * scale
-    if bias is not None:
-        scores = scores + bias
-    return attend_kept(scores, expand_kv_heads(v, h), keep)
+    keep = expand_kv_heads(keep, q.shape[1])
+    return masked_attention(q, k, v, keep if allowed is None else keep & allowed, scale, bias)
 
 
 def paged_attention(

@@ -14,23 +14,15 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from attnlab.ops.attention.masks import expand_kv_heads
+from attnlab.ops.attention.masks import key_ranks, masked_attention
 
 QUERY_BLOCK = 256
-
-
-def _ranks(key_padding_mask: Tensor | None, b: int, t_k: int, device: torch.device) -> Tensor:
-    """``[B, Tk]`` rank of each key among the real keys (padding keys get -1)."""
-    if key_padding_mask is None:
-        return torch.arange(t_k, device=device).expand(b, t_k)
-    counts = key_padding_mask.long().cumsum(-1)
-    return torch.where(key_padding_mask, counts - 1, -1)
 
 
 def _allowed(ranks: Tensor, counts: Tensor, q_pos: Tensor, k_pos: Tensor, sinks: int,
              window: int) -> Tensor:
     """``[B, 1, Tq', Tk']`` bool: real key, not after the query, a sink or within the window.
-    ranks, counts ``[B, Tk]`` (:func:`_ranks`, :func:`_counts`); q_pos, k_pos: positions of
+    ranks, counts ``[B, Tk]`` (:func:`key_ranks`, :func:`_counts`); q_pos, k_pos: positions of
     the queries and keys used. A padded query's window ends at the last real key before it."""
     rank_q = (counts[:, q_pos] - 1).clamp_min(0)[:, :, None]
     rank_k = ranks[:, k_pos][:, None, :]
@@ -42,18 +34,6 @@ def _allowed(ranks: Tensor, counts: Tensor, q_pos: Tensor, k_pos: Tensor, sinks:
 PairBias = Callable[[Tensor, Tensor], Tensor]
 """``bias(queries [n, 1], keys [1, m]) -> [B or 1, H or 1, n, m]``: an additive score bias at
 query indices (``0..Tq-1``) and key indices (``0..Tk-1``), e.g. ``ScoreBias.at``."""
-
-
-def _attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float,
-            bias: Tensor | None = None) -> Tensor:
-    """Exact masked softmax attention; a row with no allowed key outputs 0."""
-    h = q.shape[1]
-    scores = (q @ expand_kv_heads(k, h).transpose(-1, -2)) * scale
-    if bias is not None:
-        scores = scores + bias
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    return probs @ expand_kv_heads(v, h)
 
 
 def _counts(ranks: Tensor) -> Tensor:
@@ -97,7 +77,7 @@ def window_cache_columns(
     check_window(sinks, window)
     device = None if key_padding_mask is None else key_padding_mask.device
     b = 1 if key_padding_mask is None else key_padding_mask.shape[0]
-    counts = _counts(_ranks(key_padding_mask, b, n_keys, device))
+    counts = _counts(key_ranks(key_padding_mask, b, n_keys, device))
     sink_end = _sink_end(counts, sinks)
     recent = n_keys
     if window > 1:
@@ -118,7 +98,7 @@ def window_attention(
     """
     check_window(sinks, window)
     b, t_q, t_k = q.shape[0], q.shape[-2], k.shape[-2]
-    ranks = _ranks(key_padding_mask, b, t_k, q.device)
+    ranks = key_ranks(key_padding_mask, b, t_k, q.device)
     counts = _counts(ranks)
     sink_end = _sink_end(counts, sinks)
     out = []
@@ -137,8 +117,8 @@ def window_attention(
         bias = None
         if score_bias is not None:
             bias = score_bias(torch.arange(start, stop, device=q.device)[:, None], k_pos[None])
-        out.append(_attend(q[..., start:stop, :], k[..., k_pos, :], v[..., k_pos, :], allowed,
-                           scale, bias))
+        out.append(masked_attention(q[..., start:stop, :], k[..., k_pos, :], v[..., k_pos, :],
+                                    allowed, scale, bias))
     return torch.cat(out, dim=-2)
 
 
@@ -150,7 +130,7 @@ def window_attention_naive(
     ``score_bias`` broadcastable to ``[B, H, Tq, Tk]``)."""
     check_window(sinks, window)
     b, t_q, t_k = q.shape[0], q.shape[-2], k.shape[-2]
-    ranks = _ranks(key_padding_mask, b, t_k, q.device)
+    ranks = key_ranks(key_padding_mask, b, t_k, q.device)
     allowed = _allowed(ranks, _counts(ranks), torch.arange(t_k - t_q, t_k, device=q.device),
                        torch.arange(t_k, device=q.device), sinks, window)
-    return _attend(q, k, v, allowed, scale, score_bias)
+    return masked_attention(q, k, v, allowed, scale, score_bias)
