@@ -258,7 +258,8 @@ def report_section(results: Sequence[Mapping[str, Any]], serve: Sequence[Record]
                    "): these files were written before attnlab recorded model fingerprints, "
                    "so the same name is all that ties the two measurements together.", ""]
         suffix = "" if len(models) == 1 else f"-{i + 1}"  # one set of files per model
-        model = f"{Path(result['model']).name} ({result['model_sha256']})"
+        sha = result["model_sha256"]  # None in files written before fingerprints
+        model = Path(result["model"]).name + (f" ({sha})" if sha else "")
         for seq_len in sorted({p["seq_len"] for p in points}):
             name = figure(f"frontier{suffix}-{seq_len}", f"frontier{suffix}-{seq_len}.png",
                           lambda path, t=seq_len, pts=points, m=model: plot_frontier(
