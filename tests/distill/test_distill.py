@@ -148,7 +148,8 @@ STUDENT_OPTIONS = {"sea": SEA, "reformer": {"name": "reformer", "bucket_size": 8
                    "window": {"name": "window", "sinks": 1, "window": 8},
                    "oracle": {"name": "oracle", "k": 4},
                    "quest": {"name": "quest", "budget": 8, "page": 2},
-                   "block": {"name": "block", "budget": 8, "page": 2}}
+                   "block": {"name": "block", "budget": 8, "page": 2},
+                   "sea_pages": {"name": "sea_pages", "budget": 8, "page": 2}}
 
 
 @pytest.mark.parametrize("core", CORES.names())

@@ -63,6 +63,29 @@ def test_every_variant_has_every_cell_and_ratios_to_the_original(result):
     assert all(r["ppl_ratio"] != 1.0 for r in window)  # a 32-key window changes the model
 
 
+def test_records_carry_the_common_fields_and_paired_intervals(result):
+    for r in result["records"]:
+        assert r["bench"] == "long-context" and r["budget"] == r["keys_per_row"]
+        assert r["protocol"] == "sparse"
+        if r["task"] == "perplexity":
+            assert len(r["window_nll"]) == len(r["window_tokens"]) >= 1
+            assert sum(r["window_tokens"]) == r["tokens"]
+            low, high = r["ppl_ratio_ci95"]
+            assert low <= r["ppl_ratio"] <= high
+
+
+def test_dense_prefill_serves_every_variant_and_the_original_answers_as_in_full(llama):
+    cfg = LongContextConfig(lengths=(256,), tasks=("passkey",), depths=(0.5,), prompts=3,
+                            passkey_protocols=("sparse", "dense-prefill"))
+    out = run(llama, ["original", "{name: window, sinks: 2, window: 14}"], cfg, progress=False)
+    cells = {(r["variant"], r["protocol"]): r for r in out["records"]}
+    assert set(cells) == {(v, p) for v in ("original", "window 16")
+                          for p in ("sparse", "dense-prefill")}
+    assert cells["original", "dense-prefill"]["correct"] == cells["original", "sparse"]["correct"]
+    assert all(r["prompts"] == 3 for r in out["records"])
+    assert "passkey (dense prefill) @50%" in format_table(out)
+
+
 def test_the_table_lists_every_variant_and_marks_small_samples(result):
     table = format_table(result)
     assert table.count("| sea student 4 | 4 |") == 2
@@ -87,6 +110,10 @@ def test_a_student_reads_its_trained_positions_stretched(student, llama):
     (["--variant", "{name: oracle, kk: 3}"], "kk"),
     (["--variant", "{name: sea, student: /nonexistent}"], "not a student folder"),
     (["--variant", "{name: sea, k: 4}"], "would run untrained"),
+    (["--variant", "{name: sea_pages, budget: 32, page: 4}"], "runs on distilled estimators"),
+    (["--variant", "{name: sea_pages, budget: 32, page: 4, estimators: nope}"],
+     "no shipped set"),
+    (["--passkey-protocols", "dense"], "passkey protocols must be among"),
     (["--variant", "{name: oracle}"], "keeps 256 keys per row"),  # its default k counts
     (["--lengths", "128"], "a passkey prompt needs at least"),
     (["--depths", "1.5"], "depth must be between 0 and 1"),

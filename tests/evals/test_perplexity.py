@@ -58,3 +58,19 @@ def test_scoring_stops_after_the_window_that_reaches_max_tokens():
     scored = sliding_perplexity(lambda ids: torch.zeros(1, ids.shape[1], 3), docs, 8, 4,
                                 max_tokens=10)
     assert scored.tokens == 12  # whole windows of 4 targets: the third one passes 10
+
+
+def test_the_paired_ratio_interval_brackets_the_ratio_and_is_exact_for_a_shift():
+    from attnlab.evals.perplexity import ratio_interval
+
+    tokens = [10, 20, 30, 40]
+    ref = [12.0, 30.0, 31.0, 50.0]
+    shifted = [n + 0.1 * t for n, t in zip(ref, tokens, strict=True)]  # +0.1 nats per token
+    low, high = ratio_interval(shifted, ref, tokens)
+    assert abs(low - math.exp(0.1)) < 1e-12 and abs(high - math.exp(0.1)) < 1e-12
+    noisy = [n + d for n, d in zip(ref, [5.0, -2.0, 1.0, 0.0], strict=True)]
+    ratio = math.exp((sum(noisy) - sum(ref)) / sum(tokens))
+    low, high = ratio_interval(noisy, ref, tokens)
+    assert low < ratio < high
+    with pytest.raises(ValueError, match="same, non-empty list"):
+        ratio_interval([1.0], [1.0, 2.0], [1])

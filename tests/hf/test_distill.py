@@ -242,7 +242,8 @@ HF_STUDENT_OPTIONS = {"sea": SEA, "reformer": {"name": "reformer", "bucket_size"
                       "window": {"name": "window", "sinks": 1, "window": 4},
                       "oracle": {"name": "oracle", "k": 4},
                       "quest": {"name": "quest", "budget": 8, "page": 2},
-                      "block": {"name": "block", "budget": 8, "page": 2}}
+                      "block": {"name": "block", "budget": 8, "page": 2},
+                      "sea_pages": {"name": "sea_pages", "budget": 8, "page": 2}}
 
 
 @pytest.mark.parametrize("core", CORES.names())

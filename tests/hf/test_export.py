@@ -26,7 +26,8 @@ BASE = {"vocab_size": 64, "d_model": 32, "n_layers": 2, "d_ff": 48, "max_seq_len
         "attention": {"n_heads": 2}}
 SMALL_CORE_OPTIONS = {"sea": {"k": 2, "predictor_length": 8}, "oracle": {"k": 4},
                       "window": {"window": 8}, "reformer": {"bucket_size": 8},
-                      "quest": {"budget": 8, "page": 2}, "block": {"budget": 8, "page": 2}}
+                      "quest": {"budget": 8, "page": 2}, "block": {"budget": 8, "page": 2},
+                      "sea_pages": {"budget": 8, "page": 2}}
 VARIANTS = {
     **{f"core-{name}": {"attention": {"n_heads": 2, "core": {"name": name,
                                                               **SMALL_CORE_OPTIONS.get(name, {})}}}

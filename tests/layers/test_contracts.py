@@ -27,6 +27,7 @@ SMALL_OPTIONS = {
     "oracle": {"k": 3},
     "quest": {"budget": 6, "page": 2},
     "block": {"budget": 6, "page": 2},
+    "sea_pages": {"budget": 6, "page": 2},
     "window": {"sinks": 1, "window": 4},
     "reformer": {"bucket_size": 4},
 }

@@ -83,3 +83,18 @@ def save_figure(fig: Any, path: str | os.PathLike[str], title: str = "") -> Path
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, metadata={"Software": PNG_SOFTWARE})  # the write policy's mark
     return path
+
+
+def new_figure(ncols: int, width: float = 5.5, height: float = 4.6,
+               nrows: int = 1, squeeze: bool = True) -> tuple[Any, Any]:
+    """A matplotlib ``Figure`` (Agg canvas, constrained layout) of ``nrows x ncols`` panels
+    of ``width x height`` inches and its axes (as ``Figure.subplots``: one axis for one
+    panel, unless ``squeeze`` is False: always a 2-D grid). Raises ``ImportError`` with the
+    install hint without matplotlib."""
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, squeeze=squeeze)

@@ -55,6 +55,22 @@ def cmd_distill(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_distill_estimators(args: argparse.Namespace) -> int:
+    from attnlab.distill.estimators import distill_estimators, load_recipe
+
+    recipe = load_recipe(args.config, args.set)
+    summary = distill_estimators(args.model, recipe, args.out, gguf_file=args.gguf_file,
+                                 force=args.force, progress=not args.quiet)
+    held = [row["held_out"] for row in summary["layers"]]
+    print(json.dumps({
+        "out": args.out, "minutes": round(summary["minutes"], 2),
+        "backbone_unchanged": summary["backbone_unchanged"],
+        "mean_held_out_kept_mass": {key: round(sum(h[key] for h in held) / len(held), 4)
+                                    for key in ("kept_mass_block", "kept_mass_after",
+                                                "kept_mass_best")}}, indent=2))
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
@@ -302,7 +318,8 @@ def cmd_long_context(args: argparse.Namespace) -> int:
     cfg = long_context.LongContextConfig(
         lengths=tuple(args.lengths), tasks=tuple(args.tasks), corpus=args.corpus,
         split=args.split, stride=args.stride, ppl_tokens=args.ppl_tokens,
-        depths=tuple(args.depths), prompts=args.prompts, seed=args.seed)
+        depths=tuple(args.depths), prompts=args.prompts,
+        passkey_protocols=tuple(args.passkey_protocols), seed=args.seed)
     result = long_context.run(args.model, args.variant, cfg, gguf_file=args.gguf_file,
                               device=args.device, json_path=args.json, progress=not args.quiet)
     print(long_context.format_table(result))

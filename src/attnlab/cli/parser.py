@@ -77,6 +77,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_folder_args(p, "the student's run folder")
     p.set_defaults(func=commands.cmd_distill)
 
+    p = sub.add_parser(
+        "distill-estimators", help="distil sea_pages' page estimators of a Hugging Face model, "
+                                   "frozen and layer by layer",
+        description="Each layer's page estimator learns the frozen model's own attention over "
+                    "pages (no backward pass through the model); writes OUT/estimators."
+                    "safetensors for '{name: sea_pages, estimators: OUT/estimators."
+                    "safetensors}', with curves.json, loss.png and recipe.yaml.")
+    _add_model_args(p, required=True)
+    p.add_argument("--config", default=None, metavar="YAML",
+                   help="recipe file or built-in name, e.g. smollm2/estimators (default: the "
+                        "recipe's defaults)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a recipe value, e.g. --set steps=50 (repeatable)")
+    p.add_argument("--out", required=True, help="the folder to write")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_force(p)
+    p.set_defaults(func=commands.cmd_distill_estimators)
+
     p = sub.add_parser("eval", help="evaluate a trained run on held-out text")
     p.add_argument("--run", required=True, help="run folder written by attnlab train")
     p.add_argument("--set", action="append", default=[], metavar="data.KEY=VALUE",
@@ -315,6 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="passkey depths (fractions of the filler before the key)")
     p.add_argument("--prompts", type=at_least(1), default=20,
                    help="passkey prompts per length x depth")
+    p.add_argument("--passkey-protocols", type=csv_list(str), default=["sparse"],
+                   metavar="P1,P2", help="sparse (the variant reads the whole prompt) and/or "
+                                         "dense-prefill (the original prefills up to the "
+                                         "question; each variant decodes the rest)")
     p.add_argument("--seed", type=int, default=0, help="passkey keys")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None, metavar="FILE", help="save the records as JSON")

@@ -10,6 +10,7 @@ them; a passkey cell with fewer than :data:`MIN_PROMPTS` prompts is marked incon
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import logging
@@ -31,9 +32,16 @@ from attnlab.evals.passkey import (
     ANSWER_TOKENS,
     answer_prompts,
     check_depth,
+    first_number,
     passkey_prompts,
 )
-from attnlab.evals.perplexity import Scored, check_sliding, sliding_perplexity, sliding_windows
+from attnlab.evals.perplexity import (
+    Scored,
+    check_sliding,
+    ratio_interval,
+    sliding_perplexity,
+    sliding_windows,
+)
 from attnlab.evals.variants import ORIGINAL, Variant, parse_variant
 from attnlab.layers.registry import check_budget
 from attnlab.utils.io import atomic_write_json
@@ -42,6 +50,11 @@ from attnlab.utils.provenance import available_cores, model_fingerprint
 logger = logging.getLogger(__name__)
 
 TASKS = ("perplexity", "passkey")
+PROTOCOLS = ("sparse", "dense-prefill")
+"""Passkey protocols: ``sparse``, the variant reads the whole prompt (its prefill is
+sparse too); ``dense-prefill`` (Quest's), the original model prefills the prompt up to the
+question once, and each variant decodes the question and its answer from that cache, so
+the test isolates decode-time selection."""
 MIN_PROMPTS = 20
 """Prompts per (length, depth) cell below which an accuracy is marked inconclusive: with 20,
 one answer moves it by 5 points."""
@@ -63,6 +76,7 @@ class LongContextConfig:
     ppl_tokens: int = 16384
     depths: tuple[float, ...] = (0.1, 0.5, 0.9)
     prompts: int = MIN_PROMPTS
+    passkey_protocols: tuple[str, ...] = ("sparse",)
     seed: int = 0
 
     def check_positions(self, max_positions: int) -> None:
@@ -77,6 +91,10 @@ class LongContextConfig:
         return max(1, round(self.stride * context))
 
     def validate(self) -> None:
+        unknown = sorted(set(self.passkey_protocols) - set(PROTOCOLS))
+        if unknown or not self.passkey_protocols:
+            raise ConfigError(f"passkey protocols must be among {list(PROTOCOLS)}, got "
+                              f"{list(self.passkey_protocols)}")
         """``ConfigError`` naming the first bad setting."""
         unknown = set(self.tasks) - set(TASKS)
         if not self.tasks or unknown:
@@ -143,13 +161,14 @@ class Evaluation:
                     break
                 windows += 1
                 tokens += w.start + context - w.score_from + 1
-        return windows + len(self.cfg.depths) * self.cfg.prompts * ("passkey" in self.cfg.tasks)
+        prompts = len(self.cfg.depths) * self.cfg.prompts * ("passkey" in self.cfg.tasks)
+        return windows + prompts * ("sparse" in self.cfg.passkey_protocols)
 
     def evaluate(self, variant: Variant, model: transformers.PreTrainedModel, context: int,
                  bar: tqdm) -> list[dict[str, Any]]:
         """The records of ``model`` (the variant at ``context``)."""
-        base = {"variant": variant.label, "seq_len": context,
-                "keys_per_row": variant.keys_per_row}
+        base = {"bench": "long-context", "variant": variant.label, "seq_len": context,
+                "keys_per_row": variant.keys_per_row, "budget": variant.keys_per_row}
         records = []
         if "perplexity" in self.cfg.tasks:
             start = time.perf_counter()
@@ -158,8 +177,10 @@ class Evaluation:
                 self.documents, context, self.cfg.stride_tokens(context), self.cfg.ppl_tokens,
                 progress=lambda _: bar.update(1))
             shortfall = ppl_shortfall(scored, self.cfg.ppl_tokens, context)
-            records.append({**base, "task": "perplexity", "ppl": scored.ppl,
-                            "nll": scored.nll, "tokens": scored.tokens,
+            records.append({**base, "task": "perplexity", "protocol": "sparse",
+                            "ppl": scored.ppl, "nll": scored.nll, "tokens": scored.tokens,
+                            "window_nll": scored.window_nll,
+                            "window_tokens": scored.window_tokens,
                             "documents": scored.documents, "skipped_documents": scored.skipped,
                             "stride": self.cfg.stride_tokens(context),
                             "inconclusive": scored.tokens < self.cfg.ppl_tokens,
@@ -175,15 +196,61 @@ class Evaluation:
                                  pad_token_id=pad)
             return out[:, ids.shape[1]:]
 
-        for depth in self.cfg.depths if "passkey" in self.cfg.tasks else ():
+        sparse = "passkey" in self.cfg.tasks and "sparse" in self.cfg.passkey_protocols
+        for depth in self.cfg.depths if sparse else ():
             start = time.perf_counter()
             right = answer_prompts(generate, self.tokenizer.decode, self.prompts[context, depth],
                                    progress=bar.update)
-            records.append({**base, "task": "passkey", "depth": depth, "prompts": len(right),
-                            "correct": sum(right), "accuracy": sum(right) / len(right),
-                            "inconclusive": len(right) < MIN_PROMPTS,
-                            "wall_s": time.perf_counter() - start})
+            records.append(passkey_record(base, "sparse", depth, right,
+                                          time.perf_counter() - start))
         return records
+
+    def dense_prefill(self, base_model: transformers.PreTrainedModel,
+                      models: list[tuple[Variant, transformers.PreTrainedModel]], context: int,
+                      bar: tqdm) -> list[dict[str, Any]]:
+        """The dense-prefill passkey records (:data:`PROTOCOLS`) of every variant at
+        ``context``: one dense prefill of each prompt serves them all."""
+        records = []
+        for depth in self.cfg.depths:
+            start = time.perf_counter()
+            right: list[list[bool]] = [[] for _ in models]
+            for prompt in self.prompts[context, depth]:
+                ids = torch.tensor([prompt.ids], device=self.device)
+                with torch.no_grad():
+                    cache = base_model(input_ids=ids[:, :prompt.question_at],
+                                       use_cache=True).cache
+                for answers, (_, model) in zip(right, models, strict=True):
+                    answer = greedy_from_cache(model, copy.deepcopy(cache),
+                                               ids[:, prompt.question_at:], ANSWER_TOKENS)
+                    answers.append(first_number(self.tokenizer.decode(answer)) == prompt.key)
+                bar.update(1)
+            wall = (time.perf_counter() - start) / len(models)
+            for answers, (variant, _) in zip(right, models, strict=True):
+                base = {"bench": "long-context", "variant": variant.label, "seq_len": context,
+                        "keys_per_row": variant.keys_per_row, "budget": variant.keys_per_row}
+                records.append(passkey_record(base, "dense-prefill", depth, answers, wall))
+        return records
+
+
+def passkey_record(base: dict[str, Any], protocol: str, depth: float, right: list[bool],
+                   wall_s: float) -> dict[str, Any]:
+    return {**base, "task": "passkey", "protocol": protocol, "depth": depth,
+            "prompts": len(right), "correct": sum(right), "accuracy": sum(right) / len(right),
+            "inconclusive": len(right) < MIN_PROMPTS, "wall_s": wall_s}
+
+
+@torch.no_grad()
+def greedy_from_cache(model: transformers.PreTrainedModel, cache: Any, ids: torch.Tensor,
+                      n_tokens: int) -> list[int]:
+    """Feed ``ids`` ``[1, n]`` after the prefix in ``cache``, then ``n_tokens`` greedy
+    tokens; returns those tokens."""
+    out = model(input_ids=ids, cache=cache, use_cache=True)
+    tokens = []
+    for _ in range(n_tokens):
+        token = out.logits[:, -1:].argmax(-1)
+        tokens.append(int(token))
+        out = model(input_ids=token, cache=out.cache, use_cache=True)
+    return tokens
 
 
 def ppl_shortfall(scored: Scored, asked_tokens: int, context: int) -> str | None:
@@ -204,7 +271,7 @@ def compare_to_original(records: list[dict[str, Any]]) -> None:
     cell (when it was evaluated), and ``original_fails`` where its passkey accuracy is below
     :data:`TEACHER_FAILS` (the cell then measures the model, not the attention)."""
     def cell(r: dict[str, Any]) -> tuple:
-        return r["task"], r["seq_len"], r.get("depth")
+        return r["task"], r["seq_len"], r.get("depth"), r.get("protocol")
 
     original = {cell(r): r for r in records if r["variant"] == ORIGINAL}
     for r in records:
@@ -213,6 +280,9 @@ def compare_to_original(records: list[dict[str, Any]]) -> None:
             continue
         if r["task"] == "perplexity":
             r["ppl_ratio"] = r["ppl"] / ref["ppl"]
+            if r["window_tokens"] == ref["window_tokens"] and r["window_tokens"]:
+                r["ppl_ratio_ci95"] = list(ratio_interval(r["window_nll"], ref["window_nll"],
+                                                          r["window_tokens"]))
         else:
             r["original_fails"] = ref["accuracy"] < TEACHER_FAILS
             if ref["accuracy"] > 0:
@@ -245,6 +315,8 @@ def run(model_folder: str | Path, variants: Sequence[Any], cfg: LongContextConfi
     evaluation = Evaluation(cfg, tokenizer, torch_device)
     models = Models(base)
     total = len(parsed) * sum(evaluation.work(t) for t in cfg.lengths)
+    if "passkey" in cfg.tasks and "dense-prefill" in cfg.passkey_protocols:
+        total += len(cfg.lengths) * len(cfg.depths) * cfg.prompts
     records: list[dict[str, Any]] = []
     with tqdm(total=total, disable=not progress, unit="fwd", dynamic_ncols=True) as bar:
         for variant in parsed:
@@ -255,6 +327,13 @@ def run(model_folder: str | Path, variants: Sequence[Any], cfg: LongContextConfi
                                                context, bar)
             del model
             gc.collect()
+        if "passkey" in cfg.tasks and "dense-prefill" in cfg.passkey_protocols:
+            built = [(v, models.build(v).to(torch_device)) for v in parsed]
+            for context in cfg.lengths:
+                bar.set_description(f"dense prefill @ {context}")
+                records += evaluation.dense_prefill(
+                    base, [(v, models.at_length(v, m, context)) for v, m in built], context, bar)
+            del built
     compare_to_original(records)
     result = {"bench": "long-context", "model": str(Path(model_folder) / (gguf_file or "")),
               "model_sha256": fingerprint, "config": dataclasses.asdict(cfg),
@@ -273,39 +352,52 @@ def _passkey_cell(r: dict[str, Any]) -> str:
     return text + ("*" if r["inconclusive"] else "")
 
 
+def _ratio_cell(r: dict[str, Any]) -> str:
+    if "ppl_ratio" not in r:
+        return "-"
+    interval = r.get("ppl_ratio_ci95")
+    return f"{r['ppl_ratio']:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]"
+                                       if interval else "")
+
+
 def format_table(result: dict[str, Any]) -> str:
     """A Markdown table: one row per variant and length (perplexity, its ratio to the
-    original, passkey answers right per depth; * = fewer than MIN_PROMPTS prompts; † = a
-    perplexity of fewer documents or tokens than asked, said under the table), and the
-    model and sample it measured."""
+    original with the 95% paired bootstrap interval over windows, passkey answers right per
+    protocol and depth; * = fewer than MIN_PROMPTS prompts; † = a perplexity of fewer
+    documents or tokens than asked, said under the table), and the model and sample it
+    measured."""
     cfg = result["config"]
-    depths = cfg["depths"] if "passkey" in cfg["tasks"] else []
+    protocols = cfg.get("passkey_protocols", ["sparse"])
+    passkey = [(p, d) for p in protocols for d in cfg["depths"]] \
+        if "passkey" in cfg["tasks"] else []
     head = ["variant", "keys/row", "T"]
     if "perplexity" in cfg["tasks"]:
-        head += ["ppl", "x original"]
-    head += [f"passkey @{round(100 * d)}%" for d in depths]
+        head += ["ppl", "x original [95% CI]"]
+    head += [f"passkey{' (dense prefill)' if p == 'dense-prefill' else ''} @{round(100 * d)}%"
+             for p, d in passkey]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    cells: dict[tuple[str, int], dict[str, Any]] = {}
+    cells: dict[tuple[str, int], dict[Any, Any]] = {}
     for r in result["records"]:
         row = cells.setdefault((r["variant"], r["seq_len"]), {"keys": r["keys_per_row"]})
-        row[r.get("depth", "ppl")] = r
+        key = "ppl" if r["task"] == "perplexity" else (r.get("protocol", "sparse"), r["depth"])
+        row[key] = r
     for (label, context), row in cells.items():
         values = [label, str(row["keys"] or "all"), str(context)]
         if "perplexity" in cfg["tasks"]:
             ppl = row["ppl"]
             values += [f"{ppl['ppl']:.3f}" + (" †" if "shortfall" in ppl else ""),
-                       f"{ppl['ppl_ratio']:.3f}" if "ppl_ratio" in ppl else "-"]
-        values += [_passkey_cell(row[d]) for d in depths]
+                       _ratio_cell(ppl)]
+        values += [_passkey_cell(row[cell]) if cell in row else "-" for cell in passkey]
         lines.append("| " + " | ".join(values) + " |")
     notes = [f"model: {result['model']} (fingerprint {result['model_sha256']})"]
     if "perplexity" in cfg["tasks"]:
         notes.append(f"perplexity: sliding windows, stride {cfg['stride']} x T, about "
                      f"{cfg['ppl_tokens']} targets per length from corpus {cfg['corpus']} "
-                     f"({cfg['split']})")
+                     f"({cfg['split']}); interval: 95% paired bootstrap over windows")
         shortfalls = {(r["seq_len"], r["shortfall"]): None for r in result["records"]
                       if "shortfall" in r}
         notes += [f"† at T={context}: {text}" for context, text in shortfalls]
-    if depths:
+    if passkey:
         notes.append(f"passkey: {cfg['prompts']} prompts per cell, greedy"
                      + (f"; * = fewer than {MIN_PROMPTS}: inconclusive"
                         if cfg["prompts"] < MIN_PROMPTS else ""))

@@ -34,12 +34,15 @@ Encode = Callable[[str], list[int]]
 
 @dataclasses.dataclass(frozen=True)
 class PasskeyPrompt:
-    """``ids``: exactly the requested number of tokens; ``needle_at``: its token index."""
+    """``ids``: exactly the requested number of tokens; ``needle_at``: its token index;
+    ``question_at``: where the question starts (the dense-prefill protocol prefills
+    ``ids[:question_at]`` densely and decodes the rest with the variant)."""
 
     ids: list[int]
     key: str
     depth: float
     needle_at: int
+    question_at: int
 
 
 def check_depth(depth: float) -> None:
@@ -67,7 +70,7 @@ def passkey_prompts(encode: Encode, length: int, depth: float, n: int,
         filler = (unit * (n_filler // len(unit) + 1))[:n_filler]
         at = min(round(depth * n_filler / len(unit)) * len(unit), n_filler)
         ids = intro + filler[:at] + needle + filler[at:] + question
-        prompts.append(PasskeyPrompt(ids, key, depth, len(intro) + at))
+        prompts.append(PasskeyPrompt(ids, key, depth, len(intro) + at, len(ids) - len(question)))
     return prompts
 
 

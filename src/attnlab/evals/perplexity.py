@@ -58,12 +58,15 @@ def sliding_windows(n_tokens: int, context: int, stride: int) -> list[Window]:
 
 @dataclasses.dataclass
 class Scored:
-    """Summed negative log-likelihood (nats) over ``tokens`` targets of ``documents``."""
+    """Summed negative log-likelihood (nats) over ``tokens`` targets of ``documents``, and
+    each window's (``window_nll``, ``window_tokens``), the units a bootstrap resamples."""
 
     nll: float = 0.0
     tokens: int = 0
     documents: int = 0
     skipped: int = 0
+    window_nll: list[float] = dataclasses.field(default_factory=list)
+    window_tokens: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def ppl(self) -> float:
@@ -94,10 +97,28 @@ def sliding_perplexity(
             logits = logits_fn(ids[None, :-1])[0]
             first = w.score_from - w.start - 1  # logits row predicting token score_from
             targets = ids[first + 1:]
-            result.nll += F.cross_entropy(logits[first:].float(), targets, reduction="sum").item()
+            nll = F.cross_entropy(logits[first:].float(), targets, reduction="sum").item()
+            result.nll += nll
             result.tokens += targets.numel()
+            result.window_nll.append(nll)
+            result.window_tokens.append(targets.numel())
             if progress is not None:
                 progress(targets.numel())
             if max_tokens is not None and result.tokens >= max_tokens:
                 return result
     return result
+
+
+def ratio_interval(nll: Sequence[float], ref_nll: Sequence[float], tokens: Sequence[int],
+                   samples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% paired bootstrap interval of ``ppl / ref_ppl`` over windows: both models scored
+    the same windows (``tokens`` targets each); windows are resampled with replacement."""
+    if not len(nll) == len(ref_nll) == len(tokens) or not tokens:
+        raise ValueError("a paired interval needs the same, non-empty list of windows")
+    gen = torch.Generator().manual_seed(seed)
+    pick = torch.randint(len(tokens), (samples, len(tokens)), generator=gen)
+    diff = torch.tensor(nll, dtype=torch.float64) - torch.tensor(ref_nll, dtype=torch.float64)
+    count = torch.tensor(tokens, dtype=torch.float64)
+    ratios = torch.exp(diff[pick].sum(-1) / count[pick].sum(-1))
+    low, high = torch.quantile(ratios, torch.tensor([0.025, 0.975], dtype=torch.float64))
+    return float(low), float(high)

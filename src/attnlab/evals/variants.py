@@ -7,6 +7,9 @@ A variant is given as YAML (from the CLI or a config):
   (``window``, ``oracle``, ``sdpa``, ``performer``, ...). A core that learns its attention
   from a teacher (``learns_attention``: ``sea``) is refused here: converted without
   distillation its estimator is random, and its scores would pass for the core's;
+* ``{name: sea_pages, budget: 256, estimators: smollm2-135m}``: a core with distilled
+  weights of its own (``weights_option``), loaded from a shipped set or a file; refused
+  without them;
 * ``{name: sea, student: FOLDER, k: 256}``: a distilled student folder (``attnlab distill``'s
   ``OUT/student``) of the same model, at SEA key budget ``k`` (dynamic k; default: as saved).
   Its SEA position tables were trained on the first ``trained_len`` ranks (recorded by
@@ -28,6 +31,7 @@ import yaml
 
 from attnlab.config import ConfigError, PartSpec
 from attnlab.layers import CORES
+from attnlab.layers.estimator_file import shipped
 from attnlab.layers.registry import keys_per_row
 
 ORIGINAL = "original"
@@ -91,6 +95,13 @@ def parse_variant(spec: Any) -> Variant:
         if trained_len is not None:
             raise ConfigError(f"variant {spec!r}: trained_len applies to a student folder")
         CORES.options(PartSpec(name, options))  # validates, with close-key hints
+        weights = CORES.trait(name, "weights_option")
+        if weights and not options.get(weights):
+            raise ConfigError(
+                f"variant {spec!r}: the {name} core runs on distilled {weights}, and without "
+                f"them it would run untrained and its figures would pass for {name}'s; give "
+                f"'{weights}: NAME_OR_FILE' (shipped: {shipped()}; or attnlab "
+                "distill-estimators' OUT/estimators.safetensors)")
         if CORES.trait(name, "learns_attention"):
             raise ConfigError(
                 f"variant {spec!r}: the {name} core learns its attention from the model (it is "

@@ -1,12 +1,15 @@
-"""``quest`` and ``block`` cores: training-free selection of pages of keys per KV head.
+"""``quest``, ``block`` and ``sea_pages`` cores: selection of pages of keys per KV head.
 
 ``quest`` (Quest) scores each page of 16 keys by the upper bound of its largest logit from
 the elementwise minimum and maximum of its keys; ``block`` (block top-k, as InfLLM / MoBA)
-scores pages of 64 keys by their mean key. Both keep ``budget`` keys per query token per KV
-head (the query heads of a GQA group read the same keys): the first ``sink_pages`` pages, the
-query's own page and the ``local_pages - 1`` before it, and the best other pages, then exact
-softmax over them (:func:`attnlab.ops.attention.pages.paged_attention`). Layers below
-``dense_layers`` attend to every key (Quest keeps its first two layers dense).
+scores pages of 64 keys by their mean key; ``sea_pages`` scores pages of 16 keys with a
+distilled estimator (:mod:`attnlab.layers.page_estimator`: SEA's estimate with bins of a
+fixed number of keys), loaded from an estimators file. All keep ``budget`` keys per query
+token per KV head (the query heads of a GQA group read the same keys): the first
+``sink_pages`` pages, the query's own page and the ``local_pages - 1`` before it, and the
+best other pages, then exact softmax over them
+(:func:`attnlab.ops.attention.pages.paged_attention`). Layers below ``dense_layers`` attend
+to every key (Quest keeps its first two layers dense).
 
 The selection reads every page summary (O(T / page) per query), and the attention runs over
 masked dense scores here: these cores measure quality at an equal budget, not speed.
@@ -20,14 +23,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from attnlab.config import ConfigError
 from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
 from attnlab.layers.bias import ScoreBias
+from attnlab.layers.estimator_file import layer_estimator, resolve
+from attnlab.layers.page_estimator import PageEstimator
 from attnlab.layers.registry import CORES
 from attnlab.ops.attention import softmax_attention
-from attnlab.ops.attention.pages import check_pages, paged_attention
+from attnlab.ops.attention.pages import PageScorer, check_pages, paged_attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,16 +61,40 @@ class BlockOptions(PageOptions):
     page: int = 64
 
 
-class PageCore(AttentionCore):
-    """Exact softmax over the pages each row keeps per KV head, scored by ``scorer``."""
+@dataclasses.dataclass(frozen=True)
+class EstimatedPageOptions(PageOptions):
+    """As :class:`PageOptions`, plus the estimator's: ``estimators``, a shipped set's name
+    (:func:`attnlab.layers.estimator_file.shipped`) or the path of an estimators file (None:
+    the untrained estimator, which scores as block top-k at this page size); ``width`` and
+    ``distance_buckets`` its sizes (:class:`~attnlab.layers.page_estimator.PageEstimator`),
+    which must match the file's."""
 
-    def __init__(self, options: PageOptions, scorer: str, causal: bool, dense: bool) -> None:
+    estimators: str | None = None
+    width: int = 64
+    distance_buckets: int = 12
+
+    def validate(self) -> None:
+        super().validate()
+        if self.width < 1 or self.distance_buckets < 1:
+            raise ValueError(f"width and distance_buckets must be >= 1, got {self.width} and "
+                             f"{self.distance_buckets}")
+        if self.estimators is not None:
+            resolve(self.estimators)  # a missing file is named before any work
+
+
+class PageCore(AttentionCore):
+    """Exact softmax over the pages each row keeps per KV head, scored by ``scorer`` (a
+    built-in scorer's name, or a learned :class:`PageScorer` module, then a submodule)."""
+
+    def __init__(self, options: PageOptions, scorer: str | PageScorer, causal: bool,
+                 dense: bool) -> None:
         super().__init__()
         self.options, self.scorer, self.causal, self.dense = options, scorer, causal, dense
 
     def extra_repr(self) -> str:
         o = self.options
-        return (f"scorer={self.scorer!r}, budget={o.budget}, page={o.page}, "
+        scorer = self.scorer if isinstance(self.scorer, str) else "learned"
+        return (f"scorer={scorer!r}, budget={o.budget}, page={o.page}, "
                 f"sink_pages={o.sink_pages}, local_pages={o.local_pages}, dense={self.dense}")
 
     def forward(
@@ -92,7 +122,7 @@ class PageCore(AttentionCore):
             key_padding_mask=key_padding_mask, score_bias=bias))
 
 
-def _build(ctx: LayerContext, options: PageOptions, scorer: str) -> PageCore:
+def _build(ctx: LayerContext, options: PageOptions, scorer: str | PageScorer) -> PageCore:
     if options.dense_layers > ctx.n_layers:
         raise ConfigError(f"dense_layers={options.dense_layers} exceeds the model's "
                           f"{ctx.n_layers} layers")
@@ -109,3 +139,20 @@ def _quest(ctx: LayerContext, options: PageOptions, dropout: float) -> PageCore:
 def _block(ctx: LayerContext, options: BlockOptions, dropout: float) -> PageCore:
     """Block top-k (InfLLM / MoBA): key blocks scored by their mean key, kept per KV head."""
     return _build(ctx, options, "mean")
+
+
+@CORES.register("sea_pages", EstimatedPageOptions, score_bias=True, approximate=True,
+                budget=("budget",), weights_option="estimators")
+def _sea_pages(ctx: LayerContext, options: EstimatedPageOptions, dropout: float) -> PageCore:
+    """SEA with fixed-size bins: pages scored by a distilled estimator, kept per KV head."""
+    estimator = PageEstimator(ctx.n_heads, ctx.d_head, options.width, options.distance_buckets,
+                              causal=ctx.causal)
+    if options.estimators is not None:
+        facts = {"d_model": ctx.d_model, "n_layers": ctx.n_layers, "n_heads": ctx.n_heads,
+                 "d_head": ctx.d_head, "page": options.page, "width": options.width,
+                 "n_buckets": options.distance_buckets}
+        tensors = layer_estimator(options.estimators, ctx.layer_idx, facts)
+        with torch.no_grad():
+            for name, param in estimator.named_parameters():
+                param.copy_(tensors[name])
+    return _build(ctx, options, estimator)

@@ -108,6 +108,8 @@ CORES: Registry[Any] = Registry("core", {
                            "estimator), so relative positions are not exactly shift-invariant"),
     "tunable_inference": (False, "set_inference(k=, query_skip=) retunes it without training"),
     "learns_attention": (False, "takes teacher attention (teacher_probs) when distilled"),
+    "weights_option": (None, "the option naming the distilled weights it needs to be more "
+                             "than its initialisation (evaluations refuse it without)"),
     "budget": ((), "the options whose sum is the keys each query row attends to per head "
                    "(none: every key)"),
 })

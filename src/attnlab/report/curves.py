@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.bench.plot import require_matplotlib, save_figure
+from attnlab.bench.plot import new_figure, save_figure
 from attnlab.train.runner import SUMMARY_FORMAT, read_metrics
 from attnlab.utils.readers import read_json
 
@@ -108,21 +108,6 @@ def curves_table(runs: Sequence[RunCurves]) -> str:
         cells = [f"{at[s]:.3f}" if s in at else "" for s in steps]
         lines.append("| " + " | ".join([r.name, f"{r.summary.get('params', 0):,}", *cells]) + " |")
     return f"{metric_label(runs[0].metric)} at each evaluation:\n\n" + "\n".join(lines)
-
-
-def new_figure(ncols: int, width: float = 5.5, height: float = 4.6,
-               nrows: int = 1, squeeze: bool = True) -> tuple[Any, Any]:
-    """A matplotlib ``Figure`` (Agg canvas, constrained layout) of ``nrows x ncols`` panels
-    of ``width x height`` inches and its axes (as ``Figure.subplots``: one axis for one
-    panel, unless ``squeeze`` is False: always a 2-D grid). Raises ``ImportError`` with the
-    install hint without matplotlib."""
-    require_matplotlib()
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig, fig.subplots(nrows, ncols, squeeze=squeeze)
 
 
 def plot_curves(runs: Sequence[RunCurves], path: str | os.PathLike[str], title: str = "") -> Path:

@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.bench.common import Record
-from attnlab.bench.plot import save_figure
+from attnlab.bench.plot import new_figure, save_figure
 from attnlab.config import PartSpec
 from attnlab.evals.variants import ORIGINAL
 from attnlab.layers.registry import keys_per_row
-from attnlab.report.curves import new_figure
 from attnlab.report.inputs import model_name, model_of
 
 logger = logging.getLogger(__name__)

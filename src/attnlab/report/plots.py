@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.bench.plot import save_figure
-from attnlab.report.curves import new_figure
+from attnlab.bench.plot import new_figure, save_figure
 from attnlab.report.figures import sea_grid_axes
 
 

@@ -9,7 +9,9 @@ still apply inside the pages). Each query head scores every page:
 
 * ``quest`` (Quest): from the elementwise minimum and maximum of the page's keys, an upper
   bound of the page's largest logit, ``sum_d max(q_d min_d, q_d max_d)``;
-* ``mean`` (block top-k): the logit of the page's mean key.
+* ``mean`` (block top-k): the logit of the page's mean key;
+* a :class:`PageScorer` (a callable, e.g. the learned estimator of the ``sea_pages`` core):
+  any page logits from the queries, the keys and the pages.
 
 The query heads of a KV group read the same keys: each head's page scores become
 probabilities (softmax over the pages it may read, the scores scaled as logits), summed over
@@ -18,11 +20,16 @@ reads per query token per KV head. The selection is not differentiable (gradient
 through the attention over the kept keys); a score bias is added to the kept keys' scores,
 and does not take part in the selection.
 
-:func:`paged_attention` works in blocks of queries (memory O(block * Tk));
+:func:`paged_attention` works in blocks of queries (memory O(block * Tk)); without padding
+or a score bias it gathers the kept pages' keys and values and attends over them only
+(:func:`gathered_page_attention`: the cost follows the budget), otherwise it masks a dense
+score block;
 :func:`paged_attention_naive` selects by loops over rows and heads, its reference.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -36,6 +43,20 @@ from attnlab.ops.attention.masks import (
 
 SCORERS = ("quest", "mean")
 QUERY_BLOCK = 256
+
+
+class PageScorer(Protocol):
+    """Page logits of a learned (or any) selector, for :func:`paged_attention`."""
+
+    def __call__(self, q: Tensor, k: Tensor, pages: Tensor, n_pages: int, q_pages: Tensor,
+                 scale: float) -> Tensor:
+        """q ``[B, H, Tq, D]``, k ``[B, Hk, Tk, D]``, pages ``[B, Tk]`` (each key's page, -1
+        for padding), q_pages ``[B, Tq]`` (each query's own page) -> ``[B, H, Tq, n_pages]``."""
+
+    def page_logit(self, head: int, query: Tensor, keys: Tensor, distance: int,
+                   scale: float) -> float:
+        """One head's logit of one page (the naive reference's): query ``[D]``, the page's
+        keys ``[n, D]``, ``distance`` = the query's page minus this page."""
 
 
 def check_pages(budget: int, page: int, sink_pages: int, local_pages: int) -> None:
@@ -101,7 +122,7 @@ def select_pages(logits: Tensor, h_kv: int, readable: Tensor, forced: Tensor, n_
     return chosen | (forced & readable)
 
 
-def _page_masks(ranks: Tensor, q_rank: Tensor, n_pages: int, page: int, sink_pages: int,
+def page_masks(ranks: Tensor, q_rank: Tensor, n_pages: int, page: int, sink_pages: int,
                 local_pages: int, causal: bool) -> tuple[Tensor, Tensor]:
     """``readable`` and ``forced`` pages ``[B, 1, Tq, P]`` for queries of rank ``q_rank``
     ``[B, Tq]`` (-1: a padded query) among keys of ranks ``ranks`` ``[B, Tk]``."""
@@ -113,26 +134,92 @@ def _page_masks(ranks: Tensor, q_rank: Tensor, n_pages: int, page: int, sink_pag
     return readable[:, None], (forced & readable)[:, None]
 
 
-def paged_keep(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int, scorer: str,
-               sink_pages: int, local_pages: int, causal: bool,
-               key_padding_mask: Tensor | None) -> Tensor:
-    """The keys each row keeps per KV head, ``[B, Hk, Tq, Tk]`` bool (before the causal and
-    padding masks), for q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k ``[B, Hk, Tk, D]``."""
+def builtin_logits(q: Tensor, k: Tensor, pages: Tensor, n_pages: int, scorer: str,
+                   scale: float) -> Tensor:
+    """Page logits ``[B, H, Tq, P]`` of a built-in scorer (:data:`SCORERS`)."""
+    summary = tuple(expand_kv_heads(s, q.shape[1]) for s in page_keys(k, pages, n_pages, scorer))
+    return page_logits(q, summary, scale)
+
+
+def check_scorer(scorer: str | PageScorer) -> None:
+    if isinstance(scorer, str) and scorer not in SCORERS:
+        raise ValueError(f"scorer must be one of {list(SCORERS)} or a PageScorer, got "
+                         f"{scorer!r}")
+
+
+def kept_pages(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int,
+               scorer: str | PageScorer, sink_pages: int, local_pages: int, causal: bool,
+               key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(the pages each row keeps per KV head ``[B, Hk, Tq, P]`` bool, each key's page
+    ``[B, Tk]``, -1 for padding) for q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys) and
+    k ``[B, Hk, Tk, D]``."""
     b, h_kv, t_k, _ = k.shape
     t_q = q.shape[-2]
     with torch.no_grad():
         ranks = key_ranks(key_padding_mask, b, t_k, k.device)
         pages = torch.where(ranks >= 0, ranks // page, -1)
         n_pages = max(1, -(-t_k // page))
-        summary = tuple(expand_kv_heads(s, q.shape[1])
-                        for s in page_keys(k.detach(), pages, n_pages, scorer))
-        logits = page_logits(q.detach(), summary, scale)
-        readable, forced = _page_masks(ranks, ranks[:, t_k - t_q:], n_pages, page,
-                                       sink_pages, local_pages, causal)
+        q_ranks = ranks[:, t_k - t_q:]
+        if isinstance(scorer, str):
+            logits = builtin_logits(q.detach(), k.detach(), pages, n_pages, scorer, scale)
+        else:
+            logits = scorer(q.detach(), k.detach(), pages, n_pages,
+                            q_ranks.clamp_min(0) // page, scale)
+        readable, forced = page_masks(ranks, q_ranks, n_pages, page, sink_pages, local_pages,
+                                      causal)
         kept = select_pages(logits, h_kv, readable, forced,
                             budget // page - sink_pages - local_pages)
-        at_key = pages.clamp_min(0)[:, None, None, :].expand(b, h_kv, t_q, t_k)
-        return kept.gather(-1, at_key) & (pages >= 0)[:, None, None, :]
+        return kept, pages
+
+
+def paged_keep(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int,
+               scorer: str | PageScorer, sink_pages: int, local_pages: int, causal: bool,
+               key_padding_mask: Tensor | None) -> Tensor:
+    """The keys each row keeps per KV head, ``[B, Hk, Tq, Tk]`` bool (before the causal and
+    padding masks), for q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k ``[B, Hk, Tk, D]``."""
+    kept, pages = kept_pages(q, k, scale=scale, budget=budget, page=page, scorer=scorer,
+                             sink_pages=sink_pages, local_pages=local_pages, causal=causal,
+                             key_padding_mask=key_padding_mask)
+    b, h_kv, t_q, _ = kept.shape
+    at_key = pages.clamp_min(0)[:, None, None, :].expand(b, h_kv, t_q, k.shape[-2])
+    return kept.gather(-1, at_key) & (pages >= 0)[:, None, None, :]
+
+
+def gathered_page_attention(q: Tensor, k: Tensor, v: Tensor, kept: Tensor, page: int,
+                            n_pages: int, scale: float, causal: bool) -> Tensor:
+    """Exact softmax of q ``[B, H, Tq, D]`` over the keys of its ``kept`` pages
+    ``[B, Hk, Tq, P]`` (at most ``n_pages`` per row) of unpadded k, v ``[B, Hk, Tk, D]``,
+    reading only those pages: their keys and values are gathered (``[B, Hk, Tq, n_pages *
+    page, D]``), so the cost follows the budget, not ``Tk``. Equal to :func:`attend_pages`
+    of the same selection (tested)."""
+    b, h, t_q, d = q.shape
+    h_kv, t_k = k.shape[1], k.shape[-2]
+    n_all = kept.shape[-1]
+    with torch.no_grad():
+        slot, index = kept.to(q.dtype).topk(min(n_pages, n_all), dim=-1)
+        keys = index[..., None] * page + torch.arange(page, device=q.device)
+        valid = (slot[..., None] > 0) & (keys < t_k)
+        if causal:
+            q_pos = torch.arange(t_k - t_q, t_k, device=q.device)
+            valid &= keys <= q_pos[:, None, None]
+        valid = valid.flatten(-2)
+    padded = n_all * page - t_k
+    rows_b = torch.arange(b, device=q.device)[:, None, None, None]
+    rows_h = torch.arange(h_kv, device=q.device)[None, :, None, None]
+
+    def gather(x: Tensor) -> Tensor:
+        x = torch.nn.functional.pad(x, (0, 0, 0, padded)).view(b, h_kv, n_all, page, -1)
+        return x[rows_b, rows_h, index].flatten(-3, -2)  # [B, Hk, Tq, n * page, D]
+
+    k_kept, v_kept = gather(k), gather(v)
+    group = q.view(b, h_kv, h // h_kv, t_q, d)
+    scores = torch.einsum("bkgtd,bktjd->bkgtj", group, k_kept) * scale
+    keep = valid[:, :, None].expand_as(scores)
+    kept_any = keep.any(-1, keepdim=True)
+    logits = scores.masked_fill(~keep, float("-inf")).masked_fill(~kept_any, 0.0)
+    probs = torch.softmax(logits, dim=-1) * kept_any
+    out = torch.einsum("bkgtj,bktjd->bkgtd", probs, v_kept)
+    return out.reshape(b, h, t_q, v.shape[-1])
 
 
 def attend_pages(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, allowed: Tensor | None,
@@ -145,8 +232,9 @@ def attend_pages(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, allowed: Tensor 
 
 def paged_attention(
     q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, page: int = 16,
-    scorer: str = "quest", sink_pages: int = 1, local_pages: int = 1, causal: bool = True,
-    key_padding_mask: Tensor | None = None, score_bias: Tensor | None = None,
+    scorer: str | PageScorer = "quest", sink_pages: int = 1, local_pages: int = 1,
+    causal: bool = True, key_padding_mask: Tensor | None = None,
+    score_bias: Tensor | None = None,
 ) -> Tensor:
     """Exact attention over each row's pages kept per KV head (module docstring).
 
@@ -155,8 +243,7 @@ def paged_attention(
     ``[B or 1, H or 1, Tq, Tk]`` -> ``[B, H, Tq, Dv]``.
     """
     check_pages(budget, page, sink_pages, local_pages)
-    if scorer not in SCORERS:
-        raise ValueError(f"scorer must be one of {list(SCORERS)}, got {scorer!r}")
+    check_scorer(scorer)
     t_q, t_k = q.shape[-2], k.shape[-2]
     out = []
     for start in range(0, t_q, QUERY_BLOCK):
@@ -165,6 +252,13 @@ def paged_attention(
         padding = None if key_padding_mask is None else key_padding_mask[:, :t_seen]
         k_seen, v_seen = k[..., :t_seen, :], v[..., :t_seen, :]
         q_block = q[..., start:stop, :]
+        if padding is None and score_bias is None:  # pages are runs of positions: gather
+            kept, _ = kept_pages(q_block, k_seen, scale=scale, budget=budget, page=page,
+                                 scorer=scorer, sink_pages=sink_pages, local_pages=local_pages,
+                                 causal=causal, key_padding_mask=None)
+            out.append(gathered_page_attention(q_block, k_seen, v_seen, kept, page,
+                                               budget // page, scale, causal))
+            continue
         keep = paged_keep(q_block, k_seen, scale=scale, budget=budget, page=page,
                           scorer=scorer, sink_pages=sink_pages, local_pages=local_pages,
                           causal=causal, key_padding_mask=padding)
@@ -177,13 +271,15 @@ def paged_attention(
 
 def paged_attention_naive(
     q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, page: int = 16,
-    scorer: str = "quest", sink_pages: int = 1, local_pages: int = 1, causal: bool = True,
-    key_padding_mask: Tensor | None = None, score_bias: Tensor | None = None,
+    scorer: str | PageScorer = "quest", sink_pages: int = 1, local_pages: int = 1,
+    causal: bool = True, key_padding_mask: Tensor | None = None,
+    score_bias: Tensor | None = None,
 ) -> Tensor:
     """Reference of :func:`paged_attention`: for each row and KV head, the real keys listed
     and cut into pages, each candidate page scored by every head of the group from its keys,
     and the pages chosen by a full sort."""
     check_pages(budget, page, sink_pages, local_pages)
+    check_scorer(scorer)
     b, h, t_q, _ = q.shape
     h_kv, t_k = k.shape[1], k.shape[-2]
     per = h // h_kv
@@ -205,8 +301,8 @@ def paged_attention_naive(
             for g in range(h_kv):
                 total = {p: 0.0 for p in candidates}
                 for head in range(g * per, (g + 1) * per):
-                    logits = [_page_logit(qd[bi, head, i], kd[bi, g, pages[p]], scorer) * scale
-                              for p in candidates]
+                    logits = [_page_logit(scorer, head, qd[bi, head, i], kd[bi, g, pages[p]],
+                                          own - p, scale) for p in candidates]
                     probs = torch.softmax(torch.tensor(logits, dtype=torch.float64), 0)
                     for p, prob in zip(candidates, probs.tolist(), strict=True):
                         total[p] += prob
@@ -219,9 +315,12 @@ def paged_attention_naive(
     return attend_pages(q, k, v, keep.to(q.device), allowed, scale, score_bias)
 
 
-def _page_logit(query: Tensor, keys: Tensor, scorer: str) -> float:
-    """One head's score of one page: query ``[D]``, the page's keys ``[n, D]``."""
+def _page_logit(scorer: str | PageScorer, head: int, query: Tensor, keys: Tensor,
+                distance: int, scale: float) -> float:
+    """One head's logit of one page: query ``[D]``, the page's keys ``[n, D]``."""
+    if not isinstance(scorer, str):
+        return scorer.page_logit(head, query, keys, distance, scale)
     if scorer == "quest":
         low, high = keys.min(0).values, keys.max(0).values
-        return float(torch.maximum(query * low, query * high).sum())
-    return float(query @ keys.mean(0))
+        return float(torch.maximum(query * low, query * high).sum()) * scale
+    return float(query @ keys.mean(0)) * scale
