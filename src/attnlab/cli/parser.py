@@ -316,8 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p, required=True)
     p.add_argument("--variant", action="append", default=[], metavar="YAML",
                    help="'original', a core with options ('{name: window, sinks: 4, window: "
-                        "252}', '{name: oracle, k: 256}') or a distilled student ('{name: sea, "
-                        "student: OUT/student, k: 256}'); repeatable (default: original)")
+                        "252}', '{name: quest, budget: 256}', '{name: oracle, k: 256}', "
+                        "'{name: sea_pages, budget: 256, estimators: smollm2-135m}') or a "
+                        "distilled student ('{name: sea, student: OUT/student, k: 256}'); "
+                        "repeatable (default: original)")
     p.add_argument("--tasks", type=csv_list(str), default=["perplexity", "passkey"],
                    metavar="T1,T2", help="perplexity, passkey")
     p.add_argument("--lengths", type=csv_list(int, 2), default=[2048, 4096, 8192],
