@@ -103,6 +103,12 @@ def load_run_config(
             "run it with `attnlab distill --config`, or give a training config "
             "(sections: data, model, train)"
         )
+    if "estimators" in data:
+        raise ConfigError(
+            f"{path or 'the config'} is an estimator recipe (it has an 'estimators' section); "
+            "run it with `attnlab distill-estimators --config`, or give a training config "
+            "(sections: data, model, train)"
+        )
     for assignment in overrides:
         apply_override(data, assignment)
     return from_dict(RunConfig, data)
