@@ -138,17 +138,16 @@ def distill_estimators(model_folder: str | Path, recipe: FrozenRecipe, out_dir: 
         for layer in range(n_layers):
             estimator = PageEstimator(n_heads, d_head, recipe.width, recipe.distance_buckets)
             weights[layer] = dict(estimator.named_parameters())
-            if layer not in chosen:
-                continue
-            samples = list(layer_samples(recorded, positions, layer, recipe, scale))
+            if layer in chosen:
+                samples = list(layer_samples(recorded, positions, layer, recipe, scale))
 
-            def on_step(step: int, loss: float, layer: int = layer) -> None:
-                bar.update(1)
-                bar.set_postfix(layer=layer, kl=f"{loss:.3f}")
+                def on_step(step: int, loss: float, layer: int = layer) -> None:
+                    bar.update(1)
+                    bar.set_postfix(layer=layer, kl=f"{loss:.3f}")
 
-            result = train_layer(estimator, samples[:-1], samples[-1], recipe, scale,
-                                 kv_heads, on_step)
-            curves.append({"layer": layer, **result})
+                result = train_layer(estimator, samples[:-1], samples[-1], recipe, scale,
+                                     kv_heads, on_step)
+                curves.append({"layer": layer, **result})
             for seen in recorded:  # this layer's tensors are no longer needed
                 seen.pop(layer)
     minutes = (time.perf_counter() - started) / 60

@@ -91,11 +91,11 @@ class LongContextConfig:
         return max(1, round(self.stride * context))
 
     def validate(self) -> None:
+        """``ConfigError`` naming the first bad setting."""
         unknown = sorted(set(self.passkey_protocols) - set(PROTOCOLS))
         if unknown or not self.passkey_protocols:
             raise ConfigError(f"passkey protocols must be among {list(PROTOCOLS)}, got "
                               f"{list(self.passkey_protocols)}")
-        """``ConfigError`` naming the first bad setting."""
         unknown = set(self.tasks) - set(TASKS)
         if not self.tasks or unknown:
             raise ConfigError(f"tasks must be some of {list(TASKS)}, got {list(self.tasks)}")
@@ -167,8 +167,7 @@ class Evaluation:
     def evaluate(self, variant: Variant, model: transformers.PreTrainedModel, context: int,
                  bar: tqdm) -> list[dict[str, Any]]:
         """The records of ``model`` (the variant at ``context``)."""
-        base = {"bench": "long-context", "variant": variant.label, "seq_len": context,
-                "keys_per_row": variant.keys_per_row, "budget": variant.keys_per_row}
+        base = record_base(variant, context)
         records = []
         if "perplexity" in self.cfg.tasks:
             start = time.perf_counter()
@@ -226,14 +225,22 @@ class Evaluation:
                 bar.update(1)
             wall = (time.perf_counter() - start) / len(models)
             for answers, (variant, _) in zip(right, models, strict=True):
-                base = {"bench": "long-context", "variant": variant.label, "seq_len": context,
-                        "keys_per_row": variant.keys_per_row, "budget": variant.keys_per_row}
-                records.append(passkey_record(base, "dense-prefill", depth, answers, wall))
+                records.append(passkey_record(record_base(variant, context), "dense-prefill",
+                                              depth, answers, wall))
         return records
+
+
+def record_base(variant: Variant, context: int) -> dict[str, Any]:
+    """The fields every record of ``variant`` at ``context`` starts with (``budget``: keys
+    per query token, per KV head for the cores that select per KV head)."""
+    return {"bench": "long-context", "variant": variant.label, "seq_len": context,
+            "keys_per_row": variant.keys_per_row, "budget": variant.keys_per_row}
 
 
 def passkey_record(base: dict[str, Any], protocol: str, depth: float, right: list[bool],
                    wall_s: float) -> dict[str, Any]:
+    """A passkey record (``wall_s``: a dense-prefill cell's time is shared by its
+    variants, so each gets the mean)."""
     return {**base, "task": "passkey", "protocol": protocol, "depth": depth,
             "prompts": len(right), "correct": sum(right), "accuracy": sum(right) / len(right),
             "inconclusive": len(right) < MIN_PROMPTS, "wall_s": wall_s}
