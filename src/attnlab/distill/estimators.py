@@ -34,7 +34,7 @@ from attnlab.distill.frozen import (
 from attnlab.layers.estimator_file import save_estimators
 from attnlab.layers.page_estimator import PageEstimator
 from attnlab.utils.outputs import OutputFolder
-from attnlab.utils.provenance import available_cores, model_fingerprint
+from attnlab.utils.provenance import available_cores
 
 logger = logging.getLogger(__name__)
 
@@ -111,12 +111,7 @@ def distill_estimators(model_folder: str | Path, recipe: FrozenRecipe, out_dir: 
     """Distil, save and return the summary (module docstring)."""
     out = OutputFolder.of(out_dir, "distill-estimators", force=force, inputs=[model_folder])
     out.check()
-    try:
-        attnlab.hf.check_model_folder(model_folder, gguf_file)
-        fingerprint = model_fingerprint(model_folder, gguf_file)
-        model = attnlab.hf.load(model_folder, gguf_file=gguf_file)
-    except (OSError, attnlab.hf.UnsupportedModelError) as err:
-        raise ConfigError(f"model {str(model_folder)!r}: {err}") from err
+    model, fingerprint = attnlab.hf.load_fingerprinted(model_folder, gguf_file)
     check_model_fits(model.config, recipe)
     tokenizer = attnlab.hf.load_tokenizer(model_folder, gguf_file=gguf_file)
     sequences = training_sequences(tokenizer, recipe)

@@ -45,7 +45,7 @@ from attnlab.evals.perplexity import (
 from attnlab.evals.variants import ORIGINAL, Variant, parse_variant
 from attnlab.layers.registry import check_budget
 from attnlab.utils.io import atomic_write_json
-from attnlab.utils.provenance import available_cores, model_fingerprint
+from attnlab.utils.provenance import available_cores
 
 logger = logging.getLogger(__name__)
 
@@ -309,12 +309,7 @@ def run(model_folder: str | Path, variants: Sequence[Any], cfg: LongContextConfi
     for variant in parsed:
         if variant.spec is not None:
             check_budget(f"variant {variant.label!r}", variant.spec, min(cfg.lengths))
-    try:
-        attnlab.hf.check_model_folder(model_folder, gguf_file)
-        fingerprint = model_fingerprint(model_folder, gguf_file)
-        base = attnlab.hf.load(model_folder, gguf_file=gguf_file)
-    except (OSError, attnlab.hf.UnsupportedModelError) as err:
-        raise ConfigError(f"model {str(model_folder)!r}: {err}") from err
+    base, fingerprint = attnlab.hf.load_fingerprinted(model_folder, gguf_file)
     cfg.check_positions(int(base.config.max_position_embeddings))
     tokenizer = attnlab.hf.load_tokenizer(model_folder, gguf_file=gguf_file)
     torch_device = torch.device(device)

@@ -28,6 +28,7 @@ from attnlab.hf.convert import (
     convert,
     cores,
     load,
+    load_fingerprinted,
     load_tokenizer,
     set_inference,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "export_run",
     "from_decoder",
     "load",
+    "load_fingerprinted",
     "load_tokenizer",
     "set_inference",
 ]

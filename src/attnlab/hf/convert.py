@@ -14,7 +14,7 @@ import transformers
 from safetensors import safe_open
 from torch import nn
 
-from attnlab.config import PartSpec
+from attnlab.config import ConfigError, PartSpec
 from attnlab.hf.attention import (
     ATTN_IMPLEMENTATION,
     COLLECTOR_ATTR,
@@ -26,6 +26,7 @@ from attnlab.hf.families import Family, UnsupportedModelError, family_of
 from attnlab.hf.native import MODEL_TYPE, AttnlabForCausalLM, weights_file_errors
 from attnlab.layers import CORES, AttentionCore, LayerContext
 from attnlab.utils.arguments import given, require_type
+from attnlab.utils.provenance import model_fingerprint
 from attnlab.utils.readers import parse_json, read_json
 
 logger = logging.getLogger(__name__)
@@ -259,6 +260,18 @@ def _load_core_state(model: nn.Module, folder: Path, files: list[str]) -> None:
         raise ValueError(f"{folder}: the saved attnlab cores do not match the model its config "
                          "describes: " + "; ".join(problems[:5]) + more)
     model.load_state_dict(saved, strict=False)
+
+
+def load_fingerprinted(path: str | os.PathLike[str], gguf_file: str | None = None
+                       ) -> tuple[transformers.PreTrainedModel, str]:
+    """The model of a folder (:func:`load`) and its files' fingerprint
+    (:func:`~attnlab.utils.provenance.model_fingerprint`), for commands that record what they
+    measured; ``ConfigError`` naming the folder when it is missing, broken or unsupported."""
+    try:
+        check_model_folder(path, gguf_file)
+        return load(path, gguf_file=gguf_file), model_fingerprint(path, gguf_file)
+    except (OSError, UnsupportedModelError) as err:
+        raise ConfigError(f"model {str(path)!r}: {err}") from err
 
 
 def check_model_folder(path: str | os.PathLike[str], gguf_file: str | None = None) -> Path:
