@@ -59,7 +59,7 @@ def test_logits_equal_the_per_page_loop():
     page, n_pages = 3, 8
     pages = (torch.arange(T) // page).expand(B, T)
     q_pages = pages.clone()
-    logits = estimator(q, k, pages, n_pages, q_pages, 0.4)
+    logits = estimator(q, k, pages, n_pages, q_pages, 0.4).detach()
     for b in range(B):
         for h in range(H):
             for t in (0, 7, 22):
