@@ -11,8 +11,10 @@ best other pages, then exact softmax over them
 (:func:`attnlab.ops.attention.pages.paged_attention`). Layers below ``dense_layers`` attend
 to every key (Quest keeps its first two layers dense).
 
-The selection reads every page summary (O(T / page) per query), and the attention runs over
-masked dense scores here: these cores measure quality at an equal budget, not speed.
+The selection reads every page summary (O(T / page) per query). The attention gathers the
+kept pages well below the context and masks a dense score block otherwise
+(:func:`~attnlab.ops.attention.pages.paged_attention`): these cores measure quality at an
+equal budget, not speed.
 Decoding needs no state of its own: a step selects from the layer's (or the Hugging Face
 model's) cached keys, whose pages are counted over the real keys, so padding does not move
 them and a cached step equals the full pass.
