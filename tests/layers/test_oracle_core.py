@@ -31,6 +31,10 @@ def test_cached_decoding_equals_full_pass_with_left_padding(group):
     assert_padded_decoding_equals_full_pass(make_layer(group=group))
 
 
+def test_cached_decoding_equals_full_pass_with_pages():
+    assert_padded_decoding_equals_full_pass(make_layer(k=4, page=2))
+
+
 def test_the_future_does_not_change_the_past():
     layer = make_layer()
     x = torch.randn(1, 30, 32, dtype=F64)
@@ -68,6 +72,8 @@ def test_groups_differ():
 
 @pytest.mark.parametrize(("options", "match"), [
     ({"k": 0}, "k must be >= 1"), ({"group": "row"}, "group must be one of"),
+    ({"k": 3, "page": 2}, "k 3 is not a whole number of pages of 2"),
+    ({"k": 4, "page": 2, "group": "head"}, "page 2 needs group 'kv'"),
 ])
 def test_bad_options_are_rejected(options, match):
     with pytest.raises(ConfigError, match=match):

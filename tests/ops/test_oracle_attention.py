@@ -184,6 +184,58 @@ def test_kv_with_the_group_reads_of_head_keeps_at_least_its_mass(seed):
     assert (kept("kv", 4) >= kept("head", 2) - 1e-12).all()
 
 
+@pytest.mark.parametrize(("causal", "padded", "t_q"),
+                         [(True, False, 37), (True, True, 37), (True, True, 3),
+                          (False, True, 37)])
+@pytest.mark.parametrize("budget", [4, 12])
+def test_page_blocks_match_the_reference_with_gradients(monkeypatch, causal, padded, t_q,
+                                                        budget):
+    monkeypatch.setattr(oracle_module, "QUERY_BLOCK", 8)
+    q, k, v = (x.requires_grad_() for x in _qkv(t_q=t_q))
+    kw = dict(scale=0.3, budget=budget, page=4, causal=causal,
+              key_padding_mask=_mask() if padded else None)
+    ref, out = oracle_attention_naive(q, k, v, **kw), oracle_attention(q, k, v, **kw)
+    assert_close("page oracle", ref, out, 1e-13)
+    assert_grads_close(ref, out, [q, k, v], "qkv", 1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_page_oracle_keeps_the_most_mass_of_any_pages(seed, causal):
+    """Pages of 2 real keys (counted by rank, so padding does not move them), 2 pages per
+    row: no other 2 pages with a readable key keep more probability summed over the group's
+    heads; every query head of the group reads exactly the chosen pages' allowed keys."""
+    page, n_pages, t_k = 2, 2, 9
+    q, k, v, kw, scores, allowed = _setup(seed, t_k, causal)
+    out = oracle_attention(q, k, v, budget=page * n_pages, page=page, **kw)
+    keep = (out > 0).view(2, 2, 2, t_k, t_k)
+    assert torch.equal(keep[:, :, 0], keep[:, :, 1])  # one selection per KV group
+    mass = torch.softmax(scores, dim=-1).nan_to_num(0.0).view(2, 2, 2, t_k, t_k).sum(2)
+    allowed = allowed.reshape(2, 2, 2, t_k, t_k)[:, :, 0]
+    mask = kw["key_padding_mask"]
+    for b, g, row in itertools.product(range(2), range(2), range(t_k)):
+        real = mask[b].nonzero().flatten().tolist()
+        pages = [real[i:i + page] for i in range(0, len(real), page)]
+        readable = [p for p in pages if allowed[b, g, row, p].any()]
+        chosen = keep[b, g, 0, row].nonzero().flatten().tolist()
+        if len(readable) <= n_pages:
+            assert chosen == allowed[b, g, row].nonzero().flatten().tolist()
+            continue
+        assert sorted(chosen) == sorted(j for p in pages for j in p
+                                        if allowed[b, g, row, j] and any(c in p for c in chosen))
+        assert sum(any(c in p for c in chosen) for p in pages) == n_pages
+        best = max(sum(mass[b, g, row, j].item() for p in subset for j in p)
+                   for subset in itertools.combinations(readable, n_pages))
+        assert mass[b, g, row, chosen].sum().item() >= best - 1e-12, (b, g, row, chosen)
+
+
+def test_pages_of_one_key_are_the_key_oracle():
+    q, k, v = _qkv()
+    kw = dict(scale=0.3, budget=5, key_padding_mask=_mask())
+    torch.testing.assert_close(oracle_attention(q, k, v, page=1, **kw),
+                               oracle_attention(q, k, v, **kw), rtol=0, atol=0)
+
+
 def test_future_keys_do_not_change_the_past():
     q, k, v = _qkv()
     out = oracle_attention(q, k, v, scale=0.3, budget=4)
@@ -200,3 +252,7 @@ def test_bad_options_are_refused():
         oracle_attention(q, k, v, scale=0.3, budget=0)
     with pytest.raises(ValueError, match="group must be one of"):
         oracle_attention_naive(q, k, v, scale=0.3, budget=3, group="row")
+    with pytest.raises(ValueError, match="k 6 is not a whole number of pages of 4 keys"):
+        oracle_attention(q, k, v, scale=0.3, budget=6, page=4)
+    with pytest.raises(ValueError, match="page 4 needs group 'kv'"):
+        oracle_attention(q, k, v, scale=0.3, budget=8, page=4, group="head")

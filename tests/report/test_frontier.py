@@ -182,9 +182,11 @@ def budget_result():
                 "keys_per_row": None, "ppl": 20.0, "ppl_ratio": 1.0}]
     for core, budget, ratio in [("quest", 256, 1.2), ("quest", 1024, 1.05),
                                 ("window", 256, 1.4), ("window", 1024, 1.1),
-                                ("oracle", 256, 1.02)]:
+                                ("oracle", 256, 1.02), ("oracle p16", 256, 1.08),
+                                ("oracle p16", 1024, 1.01)]:
         label = f"{core} {budget}"
-        variants.append({"label": label, "core": core, "options": {}, "keys_per_row": budget})
+        variants.append({"label": label, "core": core.split()[0], "options": {},
+                         "keys_per_row": budget})
         records.append({"variant": label, "task": "perplexity", "seq_len": 8192,
                         "budget": budget, "keys_per_row": budget, "ppl": 20 * ratio,
                         "ppl_ratio": ratio, "ppl_ratio_ci95": [ratio - 0.01, ratio + 0.02]})
@@ -192,12 +194,13 @@ def budget_result():
             "variants": variants, "records": records, "config": {}}
 
 
-def test_quality_against_budget_has_one_curve_per_core_of_several_budgets(tmp_path):
+def test_quality_against_budget_has_one_curve_per_variant_of_several_budgets(tmp_path):
     from attnlab.report.frontier import budget_curves
 
     result = budget_result()
-    curves = budget_curves(result["records"], result["variants"], 8192)
-    assert set(curves) == {"quest", "window"}  # the oracle has one budget: no curve
+    curves = budget_curves(result["records"], 8192)
+    # the key-level oracle has one budget: no curve; the page oracle is a curve of its own
+    assert set(curves) == {"quest", "window", "oracle p16"}
     assert curves["quest"] == [(256, 1.2, [1.19, 1.22]), (1024, 1.05, [1.04, 1.07])]
     pytest.importorskip("matplotlib")
     (tmp_path / "lc.json").write_text(json.dumps(result))

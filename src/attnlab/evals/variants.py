@@ -16,7 +16,8 @@ A variant is given as YAML (from the CLI or a config):
   ``attnlab distill``; give ``trained_len`` for older folders) and are stretched by nearest
   neighbour past that (:class:`attnlab.evals.models.Models`).
 
-Any variant may set ``label`` (default: derived from the spec, e.g. ``window 256``).
+Any variant may set ``label`` (default: derived from the spec, e.g. ``window 256``, or
+``oracle p16 256`` where the spec sets a ``page`` size).
 """
 
 from __future__ import annotations
@@ -121,8 +122,10 @@ def parse_variant(spec: Any) -> Variant:
 
 def _label(variant: Variant) -> str:
     budget = variant.keys_per_row
-    name = "sea student" if variant.student else variant.core
-    return f"{name} {budget}" if budget else str(name)
+    name = "sea student" if variant.student else str(variant.core)
+    if "page" in variant.options:
+        name += f" p{variant.options['page']}"
+    return f"{name} {budget}" if budget else name
 
 
 def _saved_options(spec: Any, student: Path) -> dict[str, Any]:

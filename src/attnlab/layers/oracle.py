@@ -16,6 +16,10 @@ dense attention), so it measures quality, never speed. ``group``:
   scores jointly (arbitrary across heads, since softmax ignores a per-head shift; a head can
   get no key).
 
+``page`` (``"kv"``): keep whole pages of ``page`` keys, ``k // page`` per row, the ones of
+largest summed probability: the ceiling of the page selectors (``quest``, ``block``,
+``sea_pages``) at that page size.
+
 Causal or bidirectional, with any score bias. Decoding needs no state of its own: a step
 scores the new queries against the layer's (or the Hugging Face model's) cached keys.
 """
@@ -37,13 +41,14 @@ from attnlab.ops.attention.oracle import check_oracle, oracle_attention
 class OracleOptions:
     """``k``: keys per row per KV head (``group="kv"``) or per query head (``"head"``, as
     SEA's ``k``), or ``H * k`` (head, key) cells per row (``"heads"``); ``group``: ``"kv"``,
-    ``"head"`` or ``"heads"`` (see the module)."""
+    ``"head"`` or ``"heads"`` (see the module); ``page``: keys per unit kept (``"kv"``)."""
 
     k: int = 256
     group: str = "kv"
+    page: int = 1
 
     def validate(self) -> None:
-        check_oracle(self.k, self.group)
+        check_oracle(self.k, self.group, self.page)
 
 
 class OracleCore(AttentionCore):
@@ -51,10 +56,10 @@ class OracleCore(AttentionCore):
 
     def __init__(self, options: OracleOptions, causal: bool) -> None:
         super().__init__()
-        self.k, self.group, self.causal = options.k, options.group, causal
+        self.k, self.group, self.page, self.causal = options.k, options.group, options.page, causal
 
     def extra_repr(self) -> str:
-        return f"k={self.k}, group={self.group!r}, causal={self.causal}"
+        return f"k={self.k}, group={self.group!r}, page={self.page}, causal={self.causal}"
 
     def forward(
         self,
@@ -70,7 +75,8 @@ class OracleCore(AttentionCore):
         """q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k, v ``[B, Hk, Tk, D]`` ->
         ``[B, H, Tq, D]``; ``key_padding_mask`` ``[B, Tk]``, True = real key."""
         return CoreOutput(oracle_attention(q, k, v, scale=scale, budget=self.k,
-                                           group=self.group, causal=self.causal,
+                                           group=self.group, page=self.page,
+                                           causal=self.causal,
                                            key_padding_mask=key_padding_mask,
                                            score_bias=None if score_bias is None
                                            else score_bias.dense()))

@@ -192,33 +192,36 @@ def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
     return save_figure(fig, path)
 
 
-def budget_curves(records: Sequence[Mapping[str, Any]], variants: Sequence[Mapping[str, Any]],
-                  seq_len: int) -> dict[str, list[tuple[int, float, list[float] | None]]]:
-    """``{core: [(budget, ppl_ratio, 95% interval or None), ...]}`` at ``seq_len``, sorted
-    by budget (cores measured at one budget only are left out: no curve)."""
-    core_of = {v["label"]: v["core"] for v in variants}
+def budget_curves(records: Sequence[Mapping[str, Any]], seq_len: int
+                  ) -> dict[str, list[tuple[int, float, list[float] | None]]]:
+    """``{name: [(budget, ppl_ratio, 95% interval or None), ...]}`` at ``seq_len``, sorted
+    by budget; a variant's name is its label without the budget (``quest 256`` and ``quest
+    1024`` make the ``quest`` curve, ``oracle p16 256`` the ``oracle p16`` one). Names
+    measured at one budget only are left out: no curve."""
     curves: dict[str, list] = {}
     for r in records:
         if (r["task"] == "perplexity" and r["seq_len"] == seq_len and r.get("budget")
                 and "ppl_ratio" in r):
-            curves.setdefault(core_of.get(r["variant"], r["variant"]), []).append(
+            name = r["variant"].removesuffix(f" {r['budget']}")
+            curves.setdefault(name, []).append(
                 (r["budget"], r["ppl_ratio"], r.get("ppl_ratio_ci95")))
-    return {core: sorted(pts, key=lambda p: p[0]) for core, pts in curves.items()
+    return {name: sorted(pts, key=lambda p: p[0]) for name, pts in curves.items()
             if len({p[0] for p in pts}) > 1}
 
 
 def plot_budget(curves: Mapping[str, Sequence[tuple[int, float, Any]]],
                 path: str | os.PathLike[str], title: str) -> Path:
     """Perplexity ratio against the budget (keys per query token per KV head, log axis),
-    one line per core, 95% intervals as error bars. Needs matplotlib."""
+    one line per variant name (:func:`budget_curves`), 95% intervals as error bars. Needs
+    matplotlib."""
     fig, ax = new_figure(1, width=6.4, height=4.4)
-    for core, pts in curves.items():
+    for name, pts in curves.items():
         budgets = [p[0] for p in pts]
         ratios = [p[1] for p in pts]
         low = [p[1] - p[2][0] if p[2] else 0.0 for p in pts]
         high = [p[2][1] - p[1] if p[2] else 0.0 for p in pts]
-        ax.errorbar(budgets, ratios, yerr=[low, high], marker=MARKERS.get(core, "x"),
-                    capsize=3, label=core)
+        ax.errorbar(budgets, ratios, yerr=[low, high], marker=MARKERS.get(name.split()[0], "x"),
+                    capsize=3, label=name)
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("budget: keys read per query token per KV head")
@@ -294,7 +297,7 @@ def report_section(results: Sequence[Mapping[str, Any]], serve: Sequence[Record]
                frontier_table(points), ""]
         suffix = "" if len(models) == 1 else f"-{i + 1}"  # one set of files per model
         for seq_len in sorted({r["seq_len"] for r in result["records"]}):
-            curves = budget_curves(result["records"], result["variants"], seq_len)
+            curves = budget_curves(result["records"], seq_len)
             if curves:
                 name = figure(f"budget{suffix}-{seq_len}", f"budget{suffix}-{seq_len}.png",
                               lambda path, c=curves, t=seq_len: plot_budget(

@@ -18,6 +18,14 @@ every score, O(Tq * Tk)). Grouping (:data:`GROUPS`):
   ``H * k`` kept, as SEA's ``topk_group="heads"``. Softmax ignores a per-head shift of the
   scores, so this ranking across heads is arbitrary, and a head can be left with no key.
 
+With ``page > 1`` (group ``"kv"`` only) the unit of the choice is a page of ``page`` real
+keys (counted by rank among the real keys, as the page selectors of
+:mod:`attnlab.ops.attention.pages` count them): per KV head and row, the ``k // page``
+pages of largest summed probability. By the same additivity no choice of that many pages
+keeps more, so it is the ceiling of every page selector (Quest, block top-k, ``sea_pages``)
+at that page size, and its distance to the key-level oracle is what the page granularity
+itself costs.
+
 Then exact softmax over the kept keys. Causal (queries are the last ``Tq`` keys) and key
 padding (True = real key) are respected; a row with fewer allowed keys than its budget keeps
 them all, one with none gives 0. :func:`oracle_keep` is the selection both ops use.
@@ -30,18 +38,27 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.ops.attention.masks import allowed_keys, attend_kept, expand_kv_heads
+from attnlab.ops.attention.masks import allowed_keys, attend_kept, expand_kv_heads, key_ranks
 
 GROUPS = ("kv", "head", "heads")
 QUERY_BLOCK = 256
 
 
-def check_oracle(k: int, group: str) -> None:
-    """``ValueError`` unless ``k >= 1`` and ``group`` is one of :data:`GROUPS`."""
+def check_oracle(k: int, group: str, page: int = 1) -> None:
+    """``ValueError`` unless ``k >= 1``, ``group`` is one of :data:`GROUPS` and ``page``
+    (``"kv"`` only) divides ``k``."""
     if k < 1:
         raise ValueError(f"k must be >= 1 key, got {k}")
     if group not in GROUPS:
         raise ValueError(f"group must be one of {list(GROUPS)}, got {group!r}")
+    if page < 1:
+        raise ValueError(f"page must be >= 1 key, got {page}")
+    if page > 1 and group != "kv":
+        raise ValueError(f"page {page} needs group 'kv' (pages are read per KV head), got "
+                         f"{group!r}")
+    if k % page:
+        raise ValueError(f"k {k} is not a whole number of pages of {page} keys; give a "
+                         f"multiple of {page}, e.g. {max(page, k // page * page)}")
 
 
 def _top(cells: Tensor, n: int, full_sort: bool) -> Tensor:
@@ -53,13 +70,28 @@ def _top(cells: Tensor, n: int, full_sort: bool) -> Tensor:
     return torch.zeros_like(cells, dtype=torch.bool).scatter_(-1, top, True)
 
 
+def _top_pages(mass: Tensor, pages: Tensor, n: int, full_sort: bool) -> Tensor:
+    """mass ``[B, Hk, Tq, Tk]`` (-1: a key no head may read), pages ``[B, Tk]`` (each key's
+    page, -1 for padding) -> bool ``[B, Hk, Tq, Tk]``: the keys of the ``n`` pages of largest
+    summed mass (pages with no readable key never chosen)."""
+    n_pages = int(pages.max()) + 2  # the last collects the padding keys
+    index = torch.where(pages >= 0, pages, n_pages - 1)[:, None, None, :].expand_as(mass)
+    readable = (mass >= 0) & (pages >= 0)[:, None, None, :]
+    shape = (*mass.shape[:-1], n_pages)
+    page_mass = mass.new_zeros(shape).scatter_add_(-1, index, mass.clamp_min(0))
+    any_readable = mass.new_zeros(shape).scatter_add_(-1, index, readable.to(mass.dtype)) > 0
+    chosen = _top(page_mass.masked_fill(~any_readable, -1.0), n, full_sort) & any_readable
+    return chosen.gather(-1, index)
+
+
 def oracle_keep(scores: Tensor, *, budget: int, group: str, n_kv_heads: int,
-                full_sort: bool = False) -> Tensor:
+                full_sort: bool = False, page: int = 1, pages: Tensor | None = None) -> Tensor:
     """The oracle's selection: scores ``[B, H, Tq, Tk]`` (bias included; -inf = not allowed;
     query head ``i`` reads KV head ``i // (H / n_kv_heads)``) -> ``[B, H, Tq, Tk]`` bool, the
-    allowed keys each (head, row) attends to (see the module for ``group``). Not
-    differentiable; ``full_sort`` ranks by a full sort instead of ``topk``."""
-    check_oracle(budget, group)
+    allowed keys each (head, row) attends to (see the module for ``group``). With ``page >
+    1``, ``pages`` ``[B, Tk]`` is each key's page (-1 for padding) and whole pages are kept.
+    Not differentiable; ``full_sort`` ranks by a full sort instead of ``topk``."""
+    check_oracle(budget, group, page)
     scores = scores.detach()
     b, h, t_q, t_k = scores.shape
     allowed = scores > float("-inf")
@@ -77,7 +109,13 @@ def oracle_keep(scores: Tensor, *, budget: int, group: str, n_kv_heads: int,
         mass = probs.reshape(b, n_kv_heads, g, t_q, t_k).sum(2)
         # below any probability: a key no head of the group may read is never preferred
         mass = mass.masked_fill(~allowed.reshape(b, n_kv_heads, g, t_q, t_k).any(2), -1.0)
-        keep = _top(mass, budget, full_sort).repeat_interleave(g, dim=1)
+        if page == 1:
+            keep = _top(mass, budget, full_sort)
+        else:
+            if pages is None:
+                raise ValueError("page > 1 needs each key's page")
+            keep = _top_pages(mass, pages, budget // page, full_sort)
+        keep = keep.repeat_interleave(g, dim=1)
     return keep & allowed
 
 
@@ -91,9 +129,11 @@ def _scores(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float,
 
 def _oracle(q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group: str,
             causal: bool, key_padding_mask: Tensor | None, score_bias: Tensor | None,
-            block: int, full_sort: bool) -> Tensor:
-    check_oracle(budget, group)
+            block: int, full_sort: bool, page: int) -> Tensor:
+    check_oracle(budget, group, page)
     h, h_kv, t_q, t_k = q.shape[1], k.shape[1], q.shape[-2], k.shape[-2]
+    ranks = key_ranks(key_padding_mask, q.shape[0], t_k, q.device)
+    pages = torch.where(ranks >= 0, ranks // page, -1)
     k, v = expand_kv_heads(k, h), expand_kv_heads(v, h)
     out = []
     for start in range(0, t_q, block):
@@ -106,7 +146,7 @@ def _oracle(q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group
         bias = None if score_bias is None else score_bias[..., start:stop, :t_seen]
         scores = _scores(q[..., start:stop, :], k[..., :t_seen, :], allowed, scale, bias)
         keep = oracle_keep(scores, budget=budget, group=group, n_kv_heads=h_kv,
-                           full_sort=full_sort)
+                           full_sort=full_sort, page=page, pages=pages[:, :t_seen])
         out.append(attend_kept(scores, v[..., :t_seen, :], keep))
     return torch.cat(out, dim=-2)
 
@@ -114,7 +154,7 @@ def _oracle(q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group
 def oracle_attention(
     q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group: str = "kv",
     causal: bool = True, key_padding_mask: Tensor | None = None,
-    score_bias: Tensor | None = None,
+    score_bias: Tensor | None = None, page: int = 1,
 ) -> Tensor:
     """Exact attention over each row's oracle keys (:func:`oracle_keep`).
 
@@ -123,19 +163,20 @@ def oracle_attention(
     ``budget``: keys per KV head per row (``"kv"``), per head (``"head"``), or ``H * budget``
     (head, key) cells per row (``"heads"``).
     ``score_bias``: added to the scores before the selection, ``[B or 1, H or 1, Tq, Tk]``.
+    ``page``: the keys of the unit kept (``"kv"``; ``budget // page`` pages per row).
     """
     return _oracle(q, k, v, scale=scale, budget=budget, group=group, causal=causal,
                    key_padding_mask=key_padding_mask, score_bias=score_bias,
-                   block=QUERY_BLOCK, full_sort=False)
+                   block=QUERY_BLOCK, full_sort=False, page=page)
 
 
 def oracle_attention_naive(
     q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group: str = "kv",
     causal: bool = True, key_padding_mask: Tensor | None = None,
-    score_bias: Tensor | None = None,
+    score_bias: Tensor | None = None, page: int = 1,
 ) -> Tensor:
     """Reference of :func:`oracle_attention`: every score in one matrix, the kept keys by
     a full sort."""
     return _oracle(q, k, v, scale=scale, budget=budget, group=group, causal=causal,
                    key_padding_mask=key_padding_mask, score_bias=score_bias,
-                   block=max(q.shape[-2], 1), full_sort=True)
+                   block=max(q.shape[-2], 1), full_sort=True, page=page)
