@@ -164,11 +164,13 @@ def test_a_missing_or_foreign_file_is_named(tmp_path):
                                        "d_head": D, "page": 3, "width": 64, "n_buckets": 12})
 
 
-def test_the_shipped_smollm2_set_fits_smollm2():
-    assert "smollm2-135m" in shipped()
-    meta, tensors = read_estimators("smollm2-135m")
+@pytest.mark.parametrize(("name", "page"), [("smollm2-135m", 16), ("smollm2-135m-p8", 8)])
+def test_the_shipped_smollm2_sets_fit_smollm2(name, page):
+    assert name in shipped()
+    meta, tensors = read_estimators(name)
     assert (meta["n_layers"], meta["n_heads"], meta["d_head"], meta["d_model"]) == (30, 9, 64, 576)
     assert len(tensors) == 3 * 30 and meta["recipe"]["seq_len"] == 8192
+    assert meta["page"] == meta["recipe"]["page"] == page
 
 
 def test_decode_cost_counts_the_query_projection_and_one_product_per_page():

@@ -6,7 +6,7 @@
 #               plays (valid split; the estimators were distilled on the train plays);
 #   passkey: Quest's protocol (one dense prefill up to the question; each variant decodes
 #            the question and the answer).
-# The steps below are what this session ran, in this order (each writes its JSON); the
+# The steps at the end are what ran, in this order (each writes its JSON); the
 # issue asks for 65,536 targets per length and 20 prompts per depth: PPL_TOKENS=65536
 # PROMPTS=20 run the full study (about 10 hours on 2 cores).
 set -euo pipefail
@@ -31,13 +31,38 @@ perplexity() {  # length, budget, targets, all|main
     --json "$OUT/ppl-$1-b$2.json"
 }
 
+page_oracles() {  # what the page size costs at 8k, budget 256: the page oracle at pages of
+                  # 16 and 8 keys (the windows of ppl-8192-b256)
+  "${A[@]}" --tasks perplexity --lengths 8192 --ppl-tokens "${PPL_TOKENS:-16384}" \
+    --variant original --variant "{name: oracle, k: 256, page: 16}" \
+    --variant "{name: oracle, k: 256, page: 8}" --json "$OUT/ppl-8192-b256-page-oracles.json"
+}
+
+pages_of_8() {  # sea_pages with estimators distilled at pages of 8, same windows
+  "${A[@]}" --tasks perplexity --lengths 8192 --ppl-tokens "${PPL_TOKENS:-16384}" \
+    --variant original \
+    --variant "{name: sea_pages, budget: 256, page: 8, estimators: smollm2-135m-p8}" \
+    --json "$OUT/ppl-8192-b256-p8.json"
+}
+
+passkey_pages() {  # passkey at 8k, budget 256: the page oracle and both page sizes of sea_pages
+  "${A[@]}" --tasks passkey --passkey-protocols dense-prefill --lengths 8192 --depths 0.1,0.5 \
+    --prompts "$PROMPTS" --variant original --variant "{name: oracle, k: 256, page: 16}" \
+    --variant "{name: sea_pages, budget: 256, estimators: smollm2-135m}" \
+    --variant "{name: sea_pages, budget: 256, page: 8, estimators: smollm2-135m-p8}" \
+    --json "$OUT/passkey-8192-pages.json"
+}
+
 passkey() {  # length
   V=(--variant original); variants 256 all; variants 1024 all
   "${A[@]}" --tasks passkey --passkey-protocols dense-prefill --lengths "$1" \
     --prompts "$PROMPTS" "${V[@]}" --json "$OUT/passkey-$1.json"
 }
 
-perplexity 8192 256 16384 all
-passkey 8192
-perplexity 8192 1024 8192 main
-perplexity 2048 256 16384 all
+# every step, in the order they ran; `run.sh page_oracles` runs only the steps named
+STEPS=("perplexity 8192 256 16384 all" "passkey 8192" "perplexity 8192 1024 8192 main"
+       "perplexity 2048 256 16384 all" page_oracles pages_of_8 passkey_pages)
+if [ $# -gt 0 ]; then STEPS=("$@"); fi
+for step in "${STEPS[@]}"; do
+  $step
+done
