@@ -176,8 +176,9 @@ def test_the_real_model_stage_compares_sea_pages_with_quest_and_a_window(smoke_d
     assert curves["bench"] == "distill-estimators" and curves["page"] == real.page == 4
     assert len(curves["layers"]) == curves["n_layers"] and curves["backbone_unchanged"]
     quality = json.loads(real.quality_path(smoke_demo).read_text())
+    pages = f"p{real.page} {real.keys}"  # TINY's pages of 4 are named in the labels
     assert [r["variant"] for r in quality["records"]] == [
-        "original", f"sea_pages {real.keys}", f"quest {real.keys}", f"window {real.keys}"]
+        "original", f"sea_pages {pages}", f"quest {pages}", f"window {real.keys}"]
     assert all(r["ppl_ratio"] > 0 for r in quality["records"])
     _, serve = read_json(real.serve_path(smoke_demo))
     assert {r.name for r in serve} == {"original", "window"}  # page cores: no fast executor
@@ -185,7 +186,7 @@ def test_the_real_model_stage_compares_sea_pages_with_quest_and_a_window(smoke_d
     md = (smoke_demo / "report.md").read_text()
     assert "## Long context: quality kept against serving speed" in md
     assert "The real-model stage runs SEA's page selection (sea_pages" in md
-    assert "| 64 | quest 16 | 16 |" in md and "| 64 | sea_pages 16 | 16 |" in md
+    assert "| 64 | quest p4 16 | 16 |" in md and "| 64 | sea_pages p4 16 | 16 |" in md
 
 
 def test_the_real_model_stage_reuses_its_estimators_and_compares_four_variants_at_one_budget(
@@ -210,7 +211,8 @@ def test_the_real_model_stage_reuses_its_estimators_and_compares_four_variants_a
     real.quality(tmp_path, tmp_path / "model", "cpu", progress=False)
     [(variants, lengths)] = seen
     parsed = [parse_variant(v) for v in variants]
-    assert [v.label for v in parsed] == ["original", "sea_pages 16", "quest 16", "window 16"]
+    assert [v.label for v in parsed] == ["original", "sea_pages p4 16", "quest p4 16",
+                                         "window 16"]
     assert [v.keys_per_row for v in parsed[1:]] == [real.keys] * 3 and lengths == (64,)
     assert parsed[1].options == {"budget": 16, "page": 4,
                                  "estimators": str(folder / "estimators.safetensors")}

@@ -94,11 +94,12 @@ def test_the_table_lists_every_variant_and_marks_small_samples(result):
 
 def test_default_labels_tell_page_sizes_apart():
     """Two variants that differ only in their page size get different labels (the report
-    draws one budget curve per label)."""
+    draws one budget curve per label); the core's default page is not named."""
     labels = [parse_variant(spec).label for spec in
               ("{name: oracle, k: 64}", "{name: oracle, k: 64, page: 16}",
-               "{name: quest, budget: 64, page: 8}", "{name: oracle, k: 64, label: mine}")]
-    assert labels == ["oracle 64", "oracle p16 64", "quest p8 64", "mine"]
+               "{name: quest, budget: 64, page: 8}", "{name: quest, budget: 64, page: 16}",
+               "{name: oracle, k: 64, label: mine}")]
+    assert labels == ["oracle 64", "oracle p16 64", "quest p8 64", "quest 64", "mine"]
 
 
 def test_a_student_reads_its_trained_positions_stretched(student, llama):

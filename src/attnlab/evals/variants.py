@@ -17,7 +17,7 @@ A variant is given as YAML (from the CLI or a config):
   neighbour past that (:class:`attnlab.evals.models.Models`).
 
 Any variant may set ``label`` (default: derived from the spec, e.g. ``window 256``, or
-``oracle p16 256`` where the spec sets a ``page`` size).
+``oracle p16 256`` where the spec sets a ``page`` size other than the core's default).
 """
 
 from __future__ import annotations
@@ -123,9 +123,16 @@ def parse_variant(spec: Any) -> Variant:
 def _label(variant: Variant) -> str:
     budget = variant.keys_per_row
     name = "sea student" if variant.student else str(variant.core)
-    if "page" in variant.options:
-        name += f" p{variant.options['page']}"
+    page = variant.options.get("page")
+    if page is not None and variant.core is not None and page != _default(variant.core, "page"):
+        name += f" p{page}"
     return f"{name} {budget}" if budget else name
+
+
+def _default(core: str, option: str) -> Any:
+    """The default of one of ``core``'s options (None if it has no such option)."""
+    fields = {f.name: f.default for f in dataclasses.fields(CORES.get(core).options)}
+    return fields.get(option)
 
 
 def _saved_options(spec: Any, student: Path) -> dict[str, Any]:
