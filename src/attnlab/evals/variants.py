@@ -124,15 +124,11 @@ def _label(variant: Variant) -> str:
     budget = variant.keys_per_row
     name = "sea student" if variant.student else str(variant.core)
     page = variant.options.get("page")
-    if page is not None and variant.core is not None and page != _default(variant.core, "page"):
-        name += f" p{page}"
+    if page is not None and variant.core is not None:
+        default = getattr(CORES.options(PartSpec(variant.core, {})), "page", None)
+        if page != default:
+            name += f" p{page}"
     return f"{name} {budget}" if budget else name
-
-
-def _default(core: str, option: str) -> Any:
-    """The default of one of ``core``'s options (None if it has no such option)."""
-    fields = {f.name: f.default for f in dataclasses.fields(CORES.get(core).options)}
-    return fields.get(option)
 
 
 def _saved_options(spec: Any, student: Path) -> dict[str, Any]:
