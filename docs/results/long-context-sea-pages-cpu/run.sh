@@ -17,15 +17,19 @@ OUT=${OUT:-docs/results/long-context-sea-pages-cpu}
 A=(.venv/bin/attnlab long-context --model "$M" --gguf-file "$G" --force --quiet)
 PROMPTS=${PROMPTS:-10}
 
-variants() {  # appends the variants at budget $1 to the array V ($2 = "all" or "main")
+variants() {  # appends the variants at budget $1 to the array V; $2: main, pages (main and
+              # sea_pages at pages of 8) or all (pages and block top-k)
   local b=$1
   V+=(--variant "{name: window, sinks: 4, window: $((b - 4))}"
       --variant "{name: quest, budget: $b}" --variant "{name: oracle, k: $b}"
       --variant "{name: sea_pages, budget: $b, estimators: smollm2-135m}")
+  if [ "$2" != main ]; then
+    V+=(--variant "{name: sea_pages, budget: $b, page: 8, estimators: smollm2-135m-p8}")
+  fi
   if [ "$2" = all ]; then V+=(--variant "{name: block, budget: $b}"); fi
 }
 
-perplexity() {  # length, budget, targets, all|main
+perplexity() {  # length, budget, targets, main|pages|all
   V=(--variant original); variants "$2" "$4"
   "${A[@]}" --tasks perplexity --lengths "$1" --ppl-tokens "${PPL_TOKENS:-$3}" "${V[@]}" \
     --json "$OUT/ppl-$1-b$2.json"
@@ -59,9 +63,13 @@ passkey() {  # length
     --prompts "$PROMPTS" "${V[@]}" --json "$OUT/passkey-$1.json"
 }
 
-# every step, in the order they ran; `run.sh page_oracles` runs only the steps named
+# every step, in the order they ran (sea_pages at pages of 8 joined `all` after the first four);
+# `run.sh page_oracles` runs only the steps named
 STEPS=("perplexity 8192 256 16384 all" "passkey 8192" "perplexity 8192 1024 8192 main"
-       "perplexity 2048 256 16384 all" page_oracles pages_of_8 passkey_pages)
+       "perplexity 2048 256 16384 all" page_oracles pages_of_8 passkey_pages
+       "perplexity 4096 256 16384 all" "perplexity 4096 1024 16384 pages" "passkey 4096"
+       "passkey 2048" "perplexity 8192 512 16384 pages" "perplexity 8192 128 16384 pages"
+       "perplexity 8192 2048 16384 pages")
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step
