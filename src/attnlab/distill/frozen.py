@@ -113,9 +113,8 @@ def sample_rows(recipe: FrozenRecipe, generator: torch.Generator) -> Tensor:
 
 def candidate_pages(positions: Tensor, n_keys: int, recipe: FrozenRecipe) -> Tensor:
     """``[R, P]``: the pages a causal row at each position chooses among."""
-    ranks = torch.arange(n_keys)[None]
     n_pages = -(-n_keys // recipe.page)
-    readable, forced = page_masks(ranks, positions[None], n_pages, recipe.page,
+    readable, forced = page_masks(torch.tensor([n_keys]), positions[None], n_pages, recipe.page,
                                   recipe.sink_pages, recipe.local_pages, causal=True)
     return (readable & ~forced)[0, 0]
 

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.ops.attention.masks import expand_kv_heads
-from attnlab.ops.attention.pages import page_keys
+from attnlab.ops.attention.page_summary import PageSummary, summarize
 
 SUMMARIES = 3  # mean, min, max
 
@@ -46,10 +46,12 @@ def distance_buckets(distance: Tensor, n_buckets: int) -> Tensor:
 def page_summaries(k: Tensor, pages: Tensor, n_pages: int) -> Tensor:
     """k ``[B, Hk, Tk, D]``, pages ``[B, Tk]`` (-1: padding) -> ``[B, Hk, P, 3D]``: each
     page's mean, min and max key (0 for a page with no key)."""
-    (mean,) = page_keys(k, pages, n_pages, "mean")
-    low, high = (s.nan_to_num(0.0, posinf=0.0, neginf=0.0)
-                 for s in page_keys(k, pages, n_pages, "quest"))
-    return torch.cat((mean, low, high), dim=-1)
+    return stacked(summarize(k, pages, n_pages))
+
+
+def stacked(summary: PageSummary) -> Tensor:
+    """``[B, Hk, P, 3D]``: the mean, min and max of each page of ``summary``."""
+    return torch.cat((summary.mean(), *summary.bounds()), dim=-1)
 
 
 def decode_macs(n_heads: int, d_head: int, width: int, n_keys: int, page: int) -> int:
@@ -78,22 +80,37 @@ class PageEstimator(nn.Module):
         h, d, w = self.query.shape
         return f"heads={h}, d_head={d}, width={w}, buckets={self.distance.shape[1]}"
 
+    def project(self, summary: Tensor) -> Tensor:
+        """summary ``[B, Hk, P, 3D]`` (:func:`page_summaries`) -> each head's projected page
+        keys ``[B, H, P, W]``."""
+        h = self.query.shape[0]
+        return torch.einsum("bhpe,hew->bhpw", expand_kv_heads(summary, h),
+                            self.key.to(summary.dtype))
+
+    def logits(self, q: Tensor, features: Tensor, q_pages: Tensor, scale: float) -> Tensor:
+        """q ``[B, H, Tq, D]``, projected page keys ``[B, H, P, W]`` (:meth:`project`),
+        q_pages ``[B, Tq]`` -> logits ``[B, H, Tq, P]`` (differentiable in the parameters)."""
+        n_pages = features.shape[2]
+        query = torch.einsum("bhtd,hdw->bhtw", q, self.query.to(q.dtype))
+        distance = q_pages[:, :, None] - torch.arange(n_pages, device=q.device)
+        bias = self.distance.to(q.dtype)[:, distance_buckets(distance, self.distance.shape[1])]
+        return (query @ features.transpose(-1, -2)) * scale + bias.transpose(0, 1)
+
+    def features(self, summary: PageSummary) -> Tensor:
+        """The :class:`~attnlab.ops.attention.page_scorers.PageScorer` features: the
+        projected page keys ``[B, H, P, W]``."""
+        return self.project(stacked(summary))
+
     def logits_from_summaries(self, q: Tensor, summary: Tensor, q_pages: Tensor,
                               scale: float) -> Tensor:
         """q ``[B, H, Tq, D]``, summary ``[B, Hk, P, 3D]`` (:func:`page_summaries`), q_pages
         ``[B, Tq]`` -> logits ``[B, H, Tq, P]`` (differentiable in the parameters)."""
-        h, n_pages = q.shape[1], summary.shape[2]
-        query = torch.einsum("bhtd,hdw->bhtw", q, self.query.to(q.dtype))
-        key = torch.einsum("bhpe,hew->bhpw", expand_kv_heads(summary, h),
-                           self.key.to(q.dtype))
-        distance = q_pages[:, :, None] - torch.arange(n_pages, device=q.device)
-        bias = self.distance.to(q.dtype)[:, distance_buckets(distance, self.distance.shape[1])]
-        return (query @ key.transpose(-1, -2)) * scale + bias.transpose(0, 1)
+        return self.logits(q, self.project(summary.to(q.dtype)), q_pages, scale)
 
     def forward(self, q: Tensor, k: Tensor, pages: Tensor, n_pages: int, q_pages: Tensor,
                 scale: float) -> Tensor:
-        """The :class:`~attnlab.ops.attention.pages.PageScorer` call: page logits
-        ``[B, H, Tq, P]`` of q ``[B, H, Tq, D]`` over the pages of k ``[B, Hk, Tk, D]``."""
+        """Page logits ``[B, H, Tq, P]`` of q ``[B, H, Tq, D]`` over the pages ``[B, Tk]``
+        (-1: padding) of k ``[B, Hk, Tk, D]``."""
         return self.logits_from_summaries(q, page_summaries(k, pages, n_pages), q_pages, scale)
 
     def page_logit(self, head: int, query: Tensor, keys: Tensor, distance: int,

@@ -15,9 +15,13 @@ The selection reads every page summary (O(T / page) per query). The attention ga
 kept pages well below the context and masks a dense score block otherwise
 (:func:`~attnlab.ops.attention.pages.paged_attention`): these cores measure quality at an
 equal budget, not speed.
-Decoding needs no state of its own: a step selects from the layer's (or the Hugging Face
-model's) cached keys, whose pages are counted over the real keys, so padding does not move
-them and a cached step equals the full pass.
+Causal decoding in eval mode carries a :class:`~attnlab.layers.page_state.PageState` (the
+pages' summaries and scores' features, grown by each step's keys), so a step's selection
+costs O(pages) and its attention reads only the selected pages
+(:func:`~attnlab.ops.sparse_attention.pages.attend_pages`: the native CPU kernel where it
+serves). Pages are counted over the real keys, so padding does not move them, and a cached
+step equals the full pass; without a usable state (the first call, a cache filled
+elsewhere) the core selects from the cached keys and starts one.
 """
 
 from __future__ import annotations
@@ -33,9 +37,12 @@ from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
 from attnlab.layers.bias import ScoreBias
 from attnlab.layers.estimator_file import layer_estimator, resolve
 from attnlab.layers.page_estimator import PageEstimator
+from attnlab.layers.page_state import PageState, start_state, step_selection
 from attnlab.layers.registry import CORES
 from attnlab.ops.attention import softmax_attention
-from attnlab.ops.attention.pages import PageScorer, check_pages, paged_attention
+from attnlab.ops.attention.page_scorers import PageScorer, scorer_of
+from attnlab.ops.attention.pages import check_pages, paged_attention
+from attnlab.ops.sparse_attention.pages import attend_pages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,10 +125,20 @@ class PageCore(AttentionCore):
                                                 key_padding_mask=key_padding_mask,
                                                 score_bias=bias))
         o = self.options
-        return CoreOutput(paged_attention(
-            q, k, v, scale=scale, budget=o.budget, page=o.page, scorer=self.scorer,
+        scorer = scorer_of(self.scorer)
+        stateful = self.causal and not self.training and bias is None
+        n_cached = k.shape[-2] - q.shape[-2]
+        if stateful and isinstance(state, PageState) and state.n_tokens == n_cached:
+            selection = step_selection(
+                state, q, k, key_padding_mask, scale=scale, budget=o.budget, page=o.page,
+                sink_pages=o.sink_pages, local_pages=o.local_pages, scorer=scorer)
+            return CoreOutput(attend_pages(q, k, v, selection, scale=scale), state=state)
+        out = paged_attention(
+            q, k, v, scale=scale, budget=o.budget, page=o.page, scorer=scorer,
             sink_pages=o.sink_pages, local_pages=o.local_pages, causal=self.causal,
-            key_padding_mask=key_padding_mask, score_bias=bias))
+            key_padding_mask=key_padding_mask, score_bias=bias)
+        return CoreOutput(out, state=start_state(k, key_padding_mask, o.page, scorer)
+                          if stateful else None)
 
 
 def _build(ctx: LayerContext, options: PageOptions, scorer: str | PageScorer) -> PageCore:

@@ -8,12 +8,12 @@ carries them, so a decoding step reads only its new keys' mask: O(1) in the cach
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 import torch
 from torch import Tensor
 
 from attnlab.layers.sea.estimator import EstimatorState
+from attnlab.ops.attention.masks import rank_positions
 
 
 @dataclasses.dataclass
@@ -45,23 +45,6 @@ class KeyLayout:
     n_real: Tensor
     lengths: Tensor
     rank_to_pos: Tensor | None
-
-
-_RANK_MAP: tuple[weakref.ref, int, Tensor] | None = None
-
-
-def rank_positions(key_mask: Tensor) -> Tensor:
-    """``[B, Tk]``: position of the r-th real key at ``[b, r]`` (padding positions after the
-    real ones). The layers of one forward share their mask object, so the last map is kept
-    (for that very tensor, unmodified) and the O(Tk log Tk) sort runs once per forward."""
-    global _RANK_MAP
-    if _RANK_MAP is not None:
-        ref, version, positions = _RANK_MAP
-        if ref() is key_mask and key_mask._version == version:
-            return positions
-    positions = torch.argsort((~key_mask).to(torch.uint8), dim=-1, stable=True)
-    _RANK_MAP = (weakref.ref(key_mask), key_mask._version, positions)
-    return positions
 
 
 def key_layout(key_mask: Tensor | None, b: int, t_q: int, t_k: int, *, causal: bool,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
@@ -75,3 +77,20 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, scale: float
     if bias is not None:
         scores = scores + bias
     return attend_kept(scores, expand_kv_heads(v, h), keep)
+
+
+_RANK_MAP: tuple[weakref.ref, int, Tensor] | None = None
+
+
+def rank_positions(key_mask: Tensor) -> Tensor:
+    """``[B, Tk]``: position of the r-th real key at ``[b, r]`` (padding positions after the
+    real ones). The layers of one forward share their mask object, so the last map is kept
+    (for that very tensor, unmodified) and the O(Tk log Tk) sort runs once per forward."""
+    global _RANK_MAP
+    if _RANK_MAP is not None:
+        ref, version, positions = _RANK_MAP
+        if ref() is key_mask and key_mask._version == version:
+            return positions
+    positions = torch.argsort((~key_mask).to(torch.uint8), dim=-1, stable=True)
+    _RANK_MAP = (weakref.ref(key_mask), key_mask._version, positions)
+    return positions

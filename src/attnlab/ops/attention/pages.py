@@ -7,11 +7,9 @@ the query's own page and the ``local_pages - 1`` before it (the recent keys), an
 the best-scored pages; then exact softmax over the kept keys (causal and padding masks
 still apply inside the pages). Each query head scores every page:
 
-* ``quest`` (Quest): from the elementwise minimum and maximum of the page's keys, an upper
-  bound of the page's largest logit, ``sum_d max(q_d min_d, q_d max_d)``;
-* ``mean`` (block top-k): the logit of the page's mean key;
-* a :class:`PageScorer` (a callable, e.g. the learned estimator of the ``sea_pages`` core):
-  any page logits from the queries, the keys and the pages.
+``quest`` (Quest's bound), ``mean`` (block top-k) or a learned
+:class:`~attnlab.ops.attention.page_scorers.PageScorer` (e.g. the estimator of the
+``sea_pages`` core), from the pages' summaries (:mod:`attnlab.ops.attention.page_summary`).
 
 The query heads of a KV group read the same keys: each head's page scores become
 probabilities (softmax over the pages it may read, the scores scaled as logits), summed over
@@ -20,17 +18,17 @@ reads per query token per KV head. The selection is not differentiable (gradient
 through the attention over the kept keys); a score bias is added to the kept keys' scores,
 and does not take part in the selection.
 
-:func:`paged_attention` works in blocks of queries (memory O(block * Tk)); without padding
-or a score bias, and with at least :data:`GATHER_RATIO` times the budget in keys, it
-gathers the kept pages' keys and values and attends over them only
-(:func:`gathered_page_attention`: the cost follows the budget), otherwise it masks a dense
-score block;
+:func:`paged_attention` works in blocks of queries (memory O(block * Tk)). Where the native
+CPU kernel serves the inputs (no autograd, no score bias) it hands the selection
+(:class:`~attnlab.ops.sparse_attention.pages.PageSelection`) to
+:func:`~attnlab.ops.sparse_attention.pages.attend_pages`, which reads the kept pages in
+place. Otherwise, without padding or a score bias and with at least :data:`GATHER_RATIO`
+times the budget in keys, it gathers the kept pages' keys and values
+(:func:`gathered_page_attention`), and else it masks a dense score block;
 :func:`paged_attention_naive` selects by loops over rows and heads, its reference.
 """
 
 from __future__ import annotations
-
-from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -40,9 +38,13 @@ from attnlab.ops.attention.masks import (
     expand_kv_heads,
     key_ranks,
     masked_attention,
+    rank_positions,
 )
+from attnlab.ops.attention.page_scorers import PageScorer, scorer_of
+from attnlab.ops.attention.page_summary import summarize
+from attnlab.ops.sparse_attention import native
+from attnlab.ops.sparse_attention.pages import PageSelection, attend_pages, pages_from_kept
 
-SCORERS = ("quest", "mean")
 QUERY_BLOCK = 256
 GATHER_RATIO = 16
 """A query block gathers its kept pages (rather than masking a dense score block) when it
@@ -50,20 +52,6 @@ sees at least this many times the budget in keys. Measured on the 2-core dev box
 SmolLM2 layer (9 x 64, 3 KV heads) at 8192 tokens, Quest: gathered 2.0 s at a budget of 256
 and 6.7 s at 1024, masked 3.2 s at either (SDPA: 0.57 s); per-row gathers copy
 ``budget`` keys per row and KV head, so they win only well below the context."""
-
-
-class PageScorer(Protocol):
-    """Page logits of a learned (or any) selector, for :func:`paged_attention`."""
-
-    def __call__(self, q: Tensor, k: Tensor, pages: Tensor, n_pages: int, q_pages: Tensor,
-                 scale: float) -> Tensor:
-        """q ``[B, H, Tq, D]``, k ``[B, Hk, Tk, D]``, pages ``[B, Tk]`` (each key's page, -1
-        for padding), q_pages ``[B, Tq]`` (each query's own page) -> ``[B, H, Tq, n_pages]``."""
-
-    def page_logit(self, head: int, query: Tensor, keys: Tensor, distance: int,
-                   scale: float) -> float:
-        """One head's logit of one page (the naive reference's): query ``[D]``, the page's
-        keys ``[n, D]``, ``distance`` = the query's page minus this page."""
 
 
 def check_pages(budget: int, page: int, sink_pages: int, local_pages: int) -> None:
@@ -83,35 +71,6 @@ def check_pages(budget: int, page: int, sink_pages: int, local_pages: int) -> No
                          f"give at least {(sink_pages + local_pages + 1) * page}")
 
 
-def page_keys(k: Tensor, pages: Tensor, n_pages: int, scorer: str) -> tuple[Tensor, ...]:
-    """k ``[B, Hk, Tk, D]``, pages ``[B, Tk]`` (a key's page, -1 for padding) -> the pages'
-    summaries ``[B, Hk, P, D]``: (min, max) for ``quest``, (mean,) for ``mean``."""
-    b, h_kv, _, d = k.shape
-    index = pages.clamp_min(0)[:, None, :, None].expand_as(k)
-    real = (pages >= 0)[:, None, :, None]
-    shape = (b, h_kv, n_pages, d)
-    if scorer == "quest":
-        low = k.new_full(shape, float("inf")).scatter_reduce(
-            2, index, k.masked_fill(~real, float("inf")), "amin")
-        high = k.new_full(shape, float("-inf")).scatter_reduce(
-            2, index, k.masked_fill(~real, float("-inf")), "amax")
-        return low, high
-    total = k.new_zeros(shape).scatter_add(2, index, k * real)
-    count = k.new_zeros(b, 1, n_pages, 1).scatter_add(
-        2, pages.clamp_min(0)[:, None, :, None], real[:, :, :, :1].to(k.dtype))
-    return (total / count.clamp_min(1.0),)
-
-
-def page_logits(q: Tensor, summary: tuple[Tensor, ...], scale: float) -> Tensor:
-    """q ``[B, H, Tq, D]`` and a page summary (:func:`page_keys`, KV heads expanded) ->
-    each head's page scores ``[B, H, Tq, P]``."""
-    if len(summary) == 2:  # sum_d max(q_d min_d, q_d max_d), as two matmuls
-        low, high = (s.nan_to_num(0.0, posinf=0.0, neginf=0.0) for s in summary)  # empty pages
-        bound = q.clamp_min(0) @ high.transpose(-1, -2) + q.clamp_max(0) @ low.transpose(-1, -2)
-        return bound * scale
-    return (q @ summary[0].transpose(-1, -2)) * scale
-
-
 def select_pages(logits: Tensor, h_kv: int, readable: Tensor, forced: Tensor, n_top: int
                  ) -> Tensor:
     """Per KV head and row, the pages kept ``[B, Hk, Tq, P]`` (bool): the ``forced`` ones
@@ -129,64 +88,78 @@ def select_pages(logits: Tensor, h_kv: int, readable: Tensor, forced: Tensor, n_
     return chosen | (forced & readable)
 
 
-def page_masks(ranks: Tensor, q_rank: Tensor, n_pages: int, page: int, sink_pages: int,
-                local_pages: int, causal: bool) -> tuple[Tensor, Tensor]:
+def page_masks(n_real: Tensor, q_rank: Tensor, n_pages: int, page: int, sink_pages: int,
+               local_pages: int, causal: bool) -> tuple[Tensor, Tensor]:
     """``readable`` and ``forced`` pages ``[B, 1, Tq, P]`` for queries of rank ``q_rank``
-    ``[B, Tq]`` (-1: a padded query) among keys of ranks ``ranks`` ``[B, Tk]``."""
-    index = torch.arange(n_pages, device=ranks.device)
-    has_keys = index[None, :] * page <= ranks.max(-1, keepdim=True).values  # [B, P]
+    ``[B, Tq]`` (-1: a padded query) among ``n_real`` ``[B]`` real keys."""
+    index = torch.arange(n_pages, device=n_real.device)
+    has_keys = index[None, :] * page < n_real[:, None]  # [B, P]
     own = (q_rank.clamp_min(0) // page)[..., None]  # [B, Tq, 1]
     readable = has_keys[:, None, :] & ((index <= own) if causal else True)
     forced = (index < sink_pages) | ((index <= own) & (index > own - local_pages))
     return readable[:, None], (forced & readable)[:, None]
 
 
-def builtin_logits(q: Tensor, k: Tensor, pages: Tensor, n_pages: int, scorer: str,
-                   scale: float) -> Tensor:
-    """Page logits ``[B, H, Tq, P]`` of a built-in scorer (:data:`SCORERS`)."""
-    summary = tuple(expand_kv_heads(s, q.shape[1]) for s in page_keys(k, pages, n_pages, scorer))
-    return page_logits(q, summary, scale)
-
-
-def check_scorer(scorer: str | PageScorer) -> None:
-    if isinstance(scorer, str) and scorer not in SCORERS:
-        raise ValueError(f"scorer must be one of {list(SCORERS)} or a PageScorer, got "
-                         f"{scorer!r}")
+def page_logits(q: Tensor, k: Tensor, pages: Tensor, n_pages: int, q_pages: Tensor,
+                scorer: PageScorer, scale: float) -> Tensor:
+    """Page logits ``[B, H, Tq, P]`` of q ``[B, H, Tq, D]`` over the pages ``[B, Tk]`` (-1:
+    padding) of k ``[B, Hk, Tk, D]``, by ``scorer``; q_pages ``[B, Tq]``: each query's page."""
+    return scorer.logits(q, scorer.features(summarize(k, pages, n_pages)), q_pages, scale)
 
 
 def kept_pages(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int,
                scorer: str | PageScorer, sink_pages: int, local_pages: int, causal: bool,
-               key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor]:
-    """(the pages each row keeps per KV head ``[B, Hk, Tq, P]`` bool, each key's page
-    ``[B, Tk]``, -1 for padding) for q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys) and
-    k ``[B, Hk, Tk, D]``."""
+               key_padding_mask: Tensor | None, q_start: int | None = None
+               ) -> tuple[Tensor, Tensor]:
+    """(the pages each row keeps per KV head ``[B, Hk, Tq, P]`` bool, each key's rank among
+    the real keys ``[B, Tk]``, -1 for padding) for q ``[B, H, Tq, D]`` at key positions
+    ``q_start ...`` (None: the last ``Tq`` of the keys) and k ``[B, Hk, Tk, D]``."""
     b, h_kv, t_k, _ = k.shape
     t_q = q.shape[-2]
+    q_start = t_k - t_q if q_start is None else q_start
     with torch.no_grad():
         ranks = key_ranks(key_padding_mask, b, t_k, k.device)
         pages = torch.where(ranks >= 0, ranks // page, -1)
         n_pages = max(1, -(-t_k // page))
-        q_ranks = ranks[:, t_k - t_q:]
-        if isinstance(scorer, str):
-            logits = builtin_logits(q.detach(), k.detach(), pages, n_pages, scorer, scale)
-        else:
-            logits = scorer(q.detach(), k.detach(), pages, n_pages,
-                            q_ranks.clamp_min(0) // page, scale)
-        readable, forced = page_masks(ranks, q_ranks, n_pages, page, sink_pages, local_pages,
+        q_ranks = ranks[:, q_start:q_start + t_q]
+        logits = page_logits(q.detach(), k.detach(), pages, n_pages,
+                             q_ranks.clamp_min(0) // page, scorer_of(scorer), scale)
+        n_real = ranks.max(-1).values + 1
+        readable, forced = page_masks(n_real, q_ranks, n_pages, page, sink_pages, local_pages,
                                       causal)
         kept = select_pages(logits, h_kv, readable, forced,
                             budget // page - sink_pages - local_pages)
-        return kept, pages
+        return kept, ranks
+
+
+def page_selection(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int,
+                   scorer: str | PageScorer, sink_pages: int, local_pages: int, causal: bool,
+                   key_padding_mask: Tensor | None, q_start: int | None = None,
+                   rank_to_pos: Tensor | None = None) -> PageSelection:
+    """The :class:`~attnlab.ops.sparse_attention.pages.PageSelection` of q ``[B, H, Tq, D]``
+    (at key positions ``q_start ...``, as :func:`kept_pages`) over k ``[B, Hk, Tk, D]``;
+    ``rank_to_pos`` ``[B, Tk]`` (None: computed from ``key_padding_mask``)."""
+    q_start = k.shape[-2] - q.shape[-2] if q_start is None else q_start
+    kept, ranks = kept_pages(q, k, scale=scale, budget=budget, page=page, scorer=scorer,
+                             sink_pages=sink_pages, local_pages=local_pages, causal=causal,
+                             key_padding_mask=key_padding_mask, q_start=q_start)
+    q_ranks = ranks[:, q_start:q_start + q.shape[-2]]
+    limit = q_ranks + 1 if causal else (ranks.max(-1, keepdim=True).values + 1).expand_as(q_ranks)
+    if rank_to_pos is None and key_padding_mask is not None:
+        rank_to_pos = rank_positions(key_padding_mask)
+    return PageSelection(pages_from_kept(kept, budget // page), page, limit, rank_to_pos)
 
 
 def paged_keep(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int,
                scorer: str | PageScorer, sink_pages: int, local_pages: int, causal: bool,
-               key_padding_mask: Tensor | None) -> Tensor:
+               key_padding_mask: Tensor | None, q_start: int | None = None) -> Tensor:
     """The keys each row keeps per KV head, ``[B, Hk, Tq, Tk]`` bool (before the causal and
-    padding masks), for q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k ``[B, Hk, Tk, D]``."""
-    kept, pages = kept_pages(q, k, scale=scale, budget=budget, page=page, scorer=scorer,
+    padding masks), for q ``[B, H, Tq, D]`` (at key positions ``q_start ...``, as
+    :func:`kept_pages`), k ``[B, Hk, Tk, D]``."""
+    kept, ranks = kept_pages(q, k, scale=scale, budget=budget, page=page, scorer=scorer,
                              sink_pages=sink_pages, local_pages=local_pages, causal=causal,
-                             key_padding_mask=key_padding_mask)
+                             key_padding_mask=key_padding_mask, q_start=q_start)
+    pages = torch.where(ranks >= 0, ranks // page, -1)
     b, h_kv, t_q, _ = kept.shape
     at_key = pages.clamp_min(0)[:, None, None, :].expand(b, h_kv, t_q, k.shape[-2])
     return kept.gather(-1, at_key) & (pages >= 0)[:, None, None, :]
@@ -197,8 +170,8 @@ def gathered_page_attention(q: Tensor, k: Tensor, v: Tensor, kept: Tensor, page:
     """Exact softmax of q ``[B, H, Tq, D]`` over the keys of its ``kept`` pages
     ``[B, Hk, Tq, P]`` (at most ``n_pages`` per row) of unpadded k, v ``[B, Hk, Tk, D]``,
     reading only those pages: their keys and values are gathered (``[B, Hk, Tq, n_pages *
-    page, D]``), so the cost follows the budget, not ``Tk``. Equal to :func:`attend_pages`
-    of the same selection (tested)."""
+    page, D]``), so the cost follows the budget, not ``Tk``. Equal to
+    :func:`attend_kept_keys` of the same selection (tested)."""
     b, h, t_q, d = q.shape
     h_kv, t_k = k.shape[1], k.shape[-2]
     n_all = kept.shape[-1]
@@ -229,8 +202,8 @@ def gathered_page_attention(q: Tensor, k: Tensor, v: Tensor, kept: Tensor, page:
     return out.reshape(b, h, t_q, v.shape[-1])
 
 
-def attend_pages(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, allowed: Tensor | None,
-                 scale: float, bias: Tensor | None) -> Tensor:
+def attend_kept_keys(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, allowed: Tensor | None,
+                     scale: float, bias: Tensor | None) -> Tensor:
     """Exact softmax of q ``[B, H, Tq, D]`` over the keys ``keep`` ``[B, Hk, Tq, Tk]`` (and
     ``allowed``) of k, v ``[B, Hk, Tk, D]`` -> ``[B, H, Tq, Dv]`` (0 for a row with none)."""
     keep = expand_kv_heads(keep, q.shape[1])
@@ -250,8 +223,10 @@ def paged_attention(
     ``[B or 1, H or 1, Tq, Tk]`` -> ``[B, H, Tq, Dv]``.
     """
     check_pages(budget, page, sink_pages, local_pages)
-    check_scorer(scorer)
+    scorer = scorer_of(scorer)
     t_q, t_k = q.shape[-2], k.shape[-2]
+    native_runs = score_bias is None and native.supports(q, k, v)
+    rank_to_pos = None if key_padding_mask is None else rank_positions(key_padding_mask)
     out = []
     for start in range(0, t_q, QUERY_BLOCK):
         stop = min(start + QUERY_BLOCK, t_q)
@@ -259,20 +234,30 @@ def paged_attention(
         padding = None if key_padding_mask is None else key_padding_mask[:, :t_seen]
         k_seen, v_seen = k[..., :t_seen, :], v[..., :t_seen, :]
         q_block = q[..., start:stop, :]
+        if native_runs:  # the native kernel reads the kept pages in place
+            selection = page_selection(
+                q_block, k_seen, scale=scale, budget=budget, page=page, scorer=scorer,
+                sink_pages=sink_pages, local_pages=local_pages, causal=causal,
+                key_padding_mask=padding, q_start=t_k - t_q + start,
+                rank_to_pos=None if rank_to_pos is None else rank_to_pos[:, :t_seen])
+            out.append(attend_pages(q_block, k_seen, v_seen, selection, scale=scale))
+            continue
         if padding is None and score_bias is None and GATHER_RATIO * budget <= t_seen:
             kept, _ = kept_pages(q_block, k_seen, scale=scale, budget=budget, page=page,
                                  scorer=scorer, sink_pages=sink_pages, local_pages=local_pages,
-                                 causal=causal, key_padding_mask=None)
+                                 causal=causal, key_padding_mask=None,
+                                 q_start=t_k - t_q + start)
             out.append(gathered_page_attention(q_block, k_seen, v_seen, kept, page,
                                                budget // page, scale, causal))
             continue
         keep = paged_keep(q_block, k_seen, scale=scale, budget=budget, page=page,
                           scorer=scorer, sink_pages=sink_pages, local_pages=local_pages,
-                          causal=causal, key_padding_mask=padding)
+                          causal=causal, key_padding_mask=padding,
+                          q_start=t_k - t_q + start)
         allowed = allowed_keys(stop - start, t_seen, causal=causal, key_padding_mask=padding,
                                device=q.device)
         bias = None if score_bias is None else score_bias[..., start:stop, :t_seen]
-        out.append(attend_pages(q_block, k_seen, v_seen, keep, allowed, scale, bias))
+        out.append(attend_kept_keys(q_block, k_seen, v_seen, keep, allowed, scale, bias))
     return torch.cat(out, dim=-2)
 
 
@@ -286,7 +271,7 @@ def paged_attention_naive(
     and cut into pages, each candidate page scored by every head of the group from its keys,
     and the pages chosen by a full sort."""
     check_pages(budget, page, sink_pages, local_pages)
-    check_scorer(scorer)
+    scorer = scorer_of(scorer)
     b, h, t_q, _ = q.shape
     h_kv, t_k = k.shape[1], k.shape[-2]
     per = h // h_kv
@@ -308,8 +293,8 @@ def paged_attention_naive(
             for g in range(h_kv):
                 total = {p: 0.0 for p in candidates}
                 for head in range(g * per, (g + 1) * per):
-                    logits = [_page_logit(scorer, head, qd[bi, head, i], kd[bi, g, pages[p]],
-                                          own - p, scale) for p in candidates]
+                    logits = [scorer.page_logit(head, qd[bi, head, i], kd[bi, g, pages[p]],
+                                                own - p, scale) for p in candidates]
                     probs = torch.softmax(torch.tensor(logits, dtype=torch.float64), 0)
                     for p, prob in zip(candidates, probs.tolist(), strict=True):
                         total[p] += prob
@@ -319,15 +304,4 @@ def paged_attention_naive(
                     keep[bi, g, i, pages[p]] = True
     allowed = allowed_keys(t_q, t_k, causal=causal, key_padding_mask=key_padding_mask,
                            device=q.device)
-    return attend_pages(q, k, v, keep.to(q.device), allowed, scale, score_bias)
-
-
-def _page_logit(scorer: str | PageScorer, head: int, query: Tensor, keys: Tensor,
-                distance: int, scale: float) -> float:
-    """One head's logit of one page: query ``[D]``, the page's keys ``[n, D]``."""
-    if not isinstance(scorer, str):
-        return scorer.page_logit(head, query, keys, distance, scale)
-    if scorer == "quest":
-        low, high = keys.min(0).values, keys.max(0).values
-        return float(torch.maximum(query * low, query * high).sum()) * scale
-    return float(query @ keys.mean(0)) * scale
+    return attend_kept_keys(q, k, v, keep.to(q.device), allowed, scale, score_bias)

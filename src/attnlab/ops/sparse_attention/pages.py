@@ -1,0 +1,92 @@
+"""The selection of pages of keys, as every page selector hands it to the executors.
+
+A :class:`PageSelection` says, per (batch, KV head, query row), which pages of ``page`` real
+keys the row reads (the query heads of a KV group read the same pages), and how far into the
+keys each row may read (causality). Pages are counted over key *ranks* (real keys only);
+``rank_to_pos`` maps ranks to positions under padding.
+
+Executors: :func:`attend_pages` runs the exact softmax over the selected keys through
+:func:`~attnlab.ops.sparse_attention.run_attention` (each page a run of keys: the native CPU
+kernel where the inputs allow, the PyTorch gather otherwise; that choice is made there, in
+one place). :func:`attend_pages_naive` is the reference: a dense mask of the same keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+
+from attnlab.ops.attention.masks import expand_kv_heads, masked_attention
+from attnlab.ops.sparse_attention.runs import run_attention
+
+
+@dataclasses.dataclass
+class PageSelection:
+    """``pages`` ``[B, Hk, Tq, n]`` int64: the pages each row reads per KV head (-1: an
+    unused slot; no page twice in a row); ``page``: keys per page; ``limit`` ``[B, Tq]``
+    int64: a row reads ranks below it (causal: its own rank + 1; 0 for a padded query);
+    ``rank_to_pos`` ``[B, Tk]``: the key position of each rank, or None (rank = position)."""
+
+    pages: Tensor
+    page: int
+    limit: Tensor
+    rank_to_pos: Tensor | None = None
+
+
+def pages_from_kept(kept: Tensor, n: int) -> Tensor:
+    """``[B, Hk, Tq, n]`` page indices (-1: unused) of the pages ``kept`` ``[B, Hk, Tq, P]``
+    (bool, at most ``n`` per row), in increasing order."""
+    n_all = kept.shape[-1]
+    index = torch.arange(n_all, device=kept.device)
+    # kept pages first, by index: score a kept page above every unkept one
+    order = torch.where(kept, n_all - index, -1 - index)
+    slot = order.topk(min(n, n_all), dim=-1).values
+    pages = torch.where(slot > 0, n_all - slot, -1)
+    if n > n_all:
+        pages = torch.nn.functional.pad(pages, (0, n - n_all), value=-1)
+    return pages
+
+
+def page_runs(selection: PageSelection, n_heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The selection as runs for :func:`~attnlab.ops.sparse_attention.run_attention`:
+    (head, first rank, keys) int64 ``[B, Tq, H * n]`` (a run's width equals its keys)."""
+    pages = selection.pages
+    b, h_kv, t_q, n = pages.shape
+    per = n_heads // h_kv
+    by_head = pages[:, :, None].expand(b, h_kv, per, t_q, n).reshape(b, n_heads, t_q, n)
+    lo = by_head.clamp_min(0) * selection.page
+    count = (selection.limit[:, None, :, None] - lo).clamp(0, selection.page)
+    count = count.masked_fill(by_head < 0, 0)
+    head = torch.arange(n_heads, device=pages.device)[None, :, None, None].expand_as(lo)
+    return tuple(x.permute(0, 2, 1, 3).reshape(b, t_q, n_heads * n) for x in (head, lo, count))
+
+
+def attend_pages(q: Tensor, k: Tensor, v: Tensor, selection: PageSelection, *, scale: float
+                 ) -> Tensor:
+    """Exact softmax of q ``[B, H, Tq, D]`` over its selected keys of k, v ``[B, Hk, Tk, D]``
+    -> ``[B, H, Tq, Dv]`` (0 for a row that reads none)."""
+    head, lo, count = page_runs(selection, q.shape[1])
+    return run_attention(q, k, v, head, lo, count, count, scale=scale,
+                         rank_to_pos=selection.rank_to_pos, validate=False)
+
+
+def selection_keep(selection: PageSelection, t_k: int) -> Tensor:
+    """``[B, Hk, Tq, Tk]`` bool: the key positions each row reads per KV head."""
+    pages, page = selection.pages, selection.page
+    ranks = torch.arange(t_k, device=pages.device)
+    read = ((ranks // page)[None, None, None, :, None] == pages[..., None, :]).any(-1)
+    read &= ranks < selection.limit[:, None, :, None]
+    if selection.rank_to_pos is None:
+        return read
+    keep = torch.zeros_like(read)
+    at = selection.rank_to_pos[:, None, None, :].expand_as(read)
+    return keep.scatter_(-1, at, read)
+
+
+def attend_pages_naive(q: Tensor, k: Tensor, v: Tensor, selection: PageSelection, *,
+                       scale: float) -> Tensor:
+    """Reference of :func:`attend_pages`: masked dense attention over the same keys."""
+    keep = expand_kv_heads(selection_keep(selection, k.shape[-2]), q.shape[1])
+    return masked_attention(q, k, v, keep, scale)

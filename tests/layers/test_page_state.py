@@ -1,0 +1,101 @@
+"""Decoding through a page core's state: each step adds its keys to the kept page summaries,
+scores pages from the kept features and reads only its pages, and equals the full pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.config import PartSpec
+from attnlab.layers import CORES, LayerContext
+from attnlab.layers.page_state import PageState
+from attnlab.ops.sparse_attention import native
+from attnlab.utils.testing import assert_close
+
+F64 = torch.float64
+B, H, HK, T, D, PAD = 2, 4, 2, 29, 8, 5
+OPTIONS = {"budget": 9, "page": 3}
+
+
+def core(name: str):
+    built = CORES.build(PartSpec(name, OPTIONS),
+                        ctx=LayerContext(d_model=H * D, n_heads=H, d_head=D), dropout=0.0)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for param in built.parameters():  # a trained-looking estimator
+            param.normal_()
+    return built.to(F64).eval()
+
+
+def inputs(seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, D, generator=gen, dtype=F64)
+    k, v = (torch.randn(B, HK, T, D, generator=gen, dtype=F64) for _ in range(2))
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[0, :PAD] = False
+    return q, k, v, mask
+
+
+def decode(layer, q, k, v, mask, first: int, step: int):
+    """A prefill of ``first`` tokens, then ``step`` tokens per call, each call handing the
+    core the state it returned; -> (outputs ``[B, H, T, D]``, the calls that used a state)."""
+    out = layer(q[..., :first, :], k[..., :first, :], v[..., :first, :], scale=0.4,
+                key_padding_mask=mask[:, :first])
+    pieces, state, used = [out.out], out.state, 0
+    for start in range(first, T, step):
+        stop = min(start + step, T)
+        used += isinstance(state, PageState) and state.n_tokens == start
+        out = layer(q[..., start:stop, :], k[..., :stop, :], v[..., :stop, :], scale=0.4,
+                    key_padding_mask=mask[:, :stop], state=state)
+        pieces.append(out.out)
+        state = out.state
+    return torch.cat(pieces, dim=-2), used
+
+
+@pytest.mark.parametrize("name", ["quest", "block", "sea_pages"])
+@pytest.mark.parametrize("autograd", [False, True], ids=["inference", "autograd"])
+def test_decoding_from_the_state_equals_the_full_pass(monkeypatch, name, autograd):
+    """Without autograd the native kernel reads the pages (where it is built); with it, the
+    PyTorch executor does."""
+    calls = []
+    real = native.run_attention_native
+    monkeypatch.setattr(native, "run_attention_native",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    layer = core(name)
+    q, k, v, mask = inputs()
+    with torch.set_grad_enabled(autograd):
+        if autograd:
+            q.requires_grad_(True)
+        full = layer(q, k, v, scale=0.4, key_padding_mask=mask).out
+        out, used = decode(layer, q, k, v, mask, first=7, step=1)
+    assert used == T - 7  # every step decoded from the state
+    assert bool(calls) == (not autograd and native.available())
+    assert_close("decoded", full[..., PAD:, :], out[..., PAD:, :], 1e-13)
+    assert_close("decoded, unpadded row", full[1], out[1], 1e-13)
+
+
+def test_steps_of_several_tokens_equal_the_full_pass():
+    layer = core("sea_pages")
+    q, k, v, mask = inputs(1)
+    with torch.no_grad():
+        full = layer(q, k, v, scale=0.4, key_padding_mask=mask).out
+        out, used = decode(layer, q, k, v, mask, first=4, step=5)
+    assert used == 5
+    assert_close("decoded by 5", full[..., PAD:, :], out[..., PAD:, :], 1e-13)
+
+
+def test_a_state_of_other_keys_is_not_used_and_a_new_one_starts():
+    layer = core("quest")
+    q, k, v, mask = inputs(2)
+    with torch.no_grad():
+        stale = layer(q[..., :6, :], k[..., :6, :], v[..., :6, :], scale=0.4).state
+        full = layer(q, k, v, scale=0.4).out
+        out = layer(q[..., 10:, :], k, v, scale=0.4, state=stale)  # 10 cached, state of 6
+    assert out.state is not stale and out.state.n_tokens == T
+    assert_close("restarted", full[..., 10:, :], out.out, 1e-13)
+
+
+def test_a_training_mode_core_carries_no_state():
+    layer = core("quest").train()
+    q, k, v, _ = inputs()
+    assert layer(q, k, v, scale=0.4).state is None

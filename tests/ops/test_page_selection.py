@@ -1,0 +1,140 @@
+"""The page selection format and its executors, the native route of paged attention, and page
+summaries grown token by token, each against its reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.ops.attention.masks import rank_positions
+from attnlab.ops.attention.page_scorers import SCORERS
+from attnlab.ops.attention.page_summary import GrowingSummary, summarize
+from attnlab.ops.attention.pages import paged_attention, paged_attention_naive
+from attnlab.ops.sparse_attention import native
+from attnlab.ops.sparse_attention.pages import (
+    PageSelection,
+    attend_pages,
+    attend_pages_naive,
+    pages_from_kept,
+    selection_keep,
+)
+from attnlab.utils.testing import assert_close, assert_grads_close
+
+F64 = torch.float64
+B, H, HK, T, D, PAGE, N = 2, 6, 2, 21, 8, 3, 3
+PAD = 4  # left padding of the first row
+needs_native = pytest.mark.skipif(not native.available(), reason="no C++ compiler")
+TOLERANCE = {F64: 1e-13, torch.float32: 1e-6, torch.bfloat16: torch.finfo(torch.bfloat16).eps}
+
+
+def qkv(dtype=F64, t_q: int = T, seed: int = 0, grad: bool = False):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, t_q, D, generator=gen, dtype=F64).to(dtype).requires_grad_(grad)
+    k, v = (torch.randn(B, HK, T, D, generator=gen, dtype=F64).to(dtype).requires_grad_(grad)
+            for _ in range(2))
+    return q, k, v
+
+
+def padding_mask() -> torch.Tensor:
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[0, :PAD] = False
+    return mask
+
+
+def random_selection(padded: bool, t_q: int = T, seed: int = 1) -> PageSelection:
+    """Each row reads N distinct random pages (some slots unused), causally."""
+    gen = torch.Generator().manual_seed(seed)
+    mask = padding_mask() if padded else torch.ones(B, T, dtype=torch.bool)
+    n_pages = -(-T // PAGE)
+    scores = torch.rand(B, HK, t_q, n_pages, generator=gen)
+    pages = scores.topk(N, -1).indices
+    pages = pages.masked_fill(torch.rand(pages.shape, generator=gen) < 0.2, -1)
+    q_rank = (mask.long().cumsum(-1) - 1).masked_fill(~mask, -1)[:, T - t_q:]
+    return PageSelection(pages, PAGE, q_rank + 1, rank_positions(mask) if padded else None)
+
+
+def test_pages_from_kept_lists_the_kept_pages_in_order():
+    kept = torch.tensor([[[[False, True, False, True, True]]]])
+    assert pages_from_kept(kept, 4).tolist() == [[[[1, 3, 4, -1]]]]
+    assert pages_from_kept(kept, 7).tolist() == [[[[1, 3, 4, -1, -1, -1, -1]]]]
+
+
+def test_selection_keep_reads_the_pages_up_to_the_limit_at_real_positions():
+    mask = torch.tensor([[False, False, True, True, True, True, True]])
+    selection = PageSelection(torch.tensor([[[[0, 2]]]]), 2, torch.tensor([[5]]),
+                              rank_positions(mask))
+    # ranks 0-1 (page 0) and 4 (page 2 up to rank 4) -> positions 2, 3 and 6
+    assert selection_keep(selection, 7)[0, 0, 0].tolist() == [False] * 2 + [True] * 2 + [
+        False] * 2 + [True]
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["", "padded"])
+def test_the_pytorch_executor_matches_the_reference_with_gradients(padded):
+    q, k, v = qkv(grad=True)
+    selection = random_selection(padded)
+    rows = slice(PAD, None) if padded else slice(None)
+    ref = attend_pages_naive(q, k, v, selection, scale=0.4)[..., rows, :]
+    out = attend_pages(q, k, v, selection, scale=0.4)[..., rows, :]
+    assert_close("pages", ref, out, 1e-12)
+    assert_grads_close(ref, out, [q, k, v], "qkv", 1e-12)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [F64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("padded", [False, True], ids=["", "padded"])
+def test_the_native_executor_matches_the_reference(dtype, padded):
+    q, k, v = qkv(dtype)
+    assert native.supports(q, k, v)
+    selection = random_selection(padded)
+    rows = slice(PAD, None) if padded else slice(None)
+    ref = attend_pages_naive(*(x.double() for x in (q, k, v)), selection, scale=0.4)
+    out = attend_pages(q, k, v, selection, scale=0.4)
+    assert out.dtype == dtype
+    assert_close("native pages", ref[..., rows, :], out[..., rows, :].double(),
+                 TOLERANCE[dtype])
+
+
+@needs_native
+@pytest.mark.parametrize("scorer", ["quest", "mean"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("padded", [False, True], ids=["", "padded"])
+def test_paged_attention_without_autograd_takes_the_native_route(monkeypatch, scorer, causal,
+                                                                 padded):
+    calls = []
+    real = native.run_attention_native
+    monkeypatch.setattr(native, "run_attention_native",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr("attnlab.ops.attention.pages.QUERY_BLOCK", 8)
+    q, k, v = qkv()
+    kw = dict(scale=0.35, budget=9, page=PAGE, scorer=scorer, causal=causal,
+              key_padding_mask=padding_mask() if padded else None)
+    with torch.no_grad():
+        out = paged_attention(q, k, v, **kw)
+    assert len(calls) == 3  # one per block of queries
+    ref = paged_attention_naive(q, k, v, **kw)
+    rows = slice(PAD, None) if padded else slice(None)
+    assert_close("native paged attention", ref[..., rows, :], out[..., rows, :], 1e-13)
+
+
+@pytest.mark.parametrize("scorer", ["quest", "mean"])
+def test_growing_summaries_equal_the_summaries_of_all_keys(scorer):
+    """Keys added 5, then 1, 1 and 6 at a time (padding in front of row 0) give the
+    summaries and features of all keys at once."""
+    _, k, _ = qkv()
+    mask = padding_mask()
+    ranks = (mask.long().cumsum(-1) - 1).masked_fill(~mask, -1)
+    pages = torch.where(ranks >= 0, ranks // PAGE, -1)
+    featurize = SCORERS[scorer].features
+    grown = GrowingSummary(k[..., :5, :], pages[:, :5], int(pages[:, :5].max()) + 1, featurize)
+    for start, stop in ((5, 6), (6, 7), (7, 13), (13, T)):
+        grown.extend(k[..., start:stop, :], pages[:, start:stop])
+    n_pages = -(-T // PAGE)
+    full = summarize(k, pages, n_pages)
+    assert grown.n_pages == n_pages
+    for name, ref, out in zip(("total", "count", "min", "max"),
+                              (full.total, full.count, *full.bounds()),
+                              (grown.summary.total, grown.summary.count, *grown.summary.bounds()),
+                              strict=True):
+        assert_close(name, ref, out, 1e-14)
+    assert torch.equal(full.low.isinf(), grown.summary.low.isinf())  # the same empty pages
+    assert_close("features", featurize(full), grown.features, 1e-14)
