@@ -16,6 +16,8 @@ CORES = {
     "reformer": ("reformer", None),
     "window": ("window", {"sinks": 2, "window": 5}),
     "oracle": ("oracle", {"k": 3}),
+    "quest": ("quest", {"budget": 6, "page": 2}),
+    "sea_pages": ("sea_pages", {"budget": 6, "page": 2}),
 }
 
 
@@ -52,7 +54,8 @@ def test_generate_with_the_cache_equals_generate_without(family):
 
 @pytest.mark.parametrize(("family", "core"), [
     *((family, core) for family in CAUSAL
-      for core in ("sdpa", "performer", "reformer", "sea", "window", "oracle")),
+      for core in ("sdpa", "performer", "reformer", "sea", "window", "oracle", "quest",
+                   "sea_pages")),
 ])
 def test_left_padded_generation_equals_the_unpadded_prompt(family, core):
     model = converted(family, *CORES[core])
@@ -86,6 +89,20 @@ def test_a_reordered_cache_does_not_reuse_decoding_states():
     cache.reorder_cache(torch.tensor([1, 0]))
     with pytest.raises(RuntimeError, match="need their queries"):
         model(input_ids=swapped[:, 10:], cache=cache)
+
+
+@pytest.mark.parametrize("core", ["performer", "quest"])
+def test_a_state_rebuilt_exactly_from_a_reordered_cache_is_not_warned_about(caplog, core):
+    """Cores whose state is a function of the cached keys rebuild it exactly: the result
+    equals the full pass and no "rebuilt what it could" warning is logged."""
+    ids = token_ids(length=14)
+    model = converted("llama", *CORES[core])
+    _, cache = decode(model, ids, [0, 10])
+    cache.reorder_cache(torch.tensor([1, 0]))
+    with caplog.at_level("WARNING", logger="attnlab.hf.attention"):
+        step = model(input_ids=ids.flip(0)[:, 10:], cache=cache).logits
+    torch.testing.assert_close(step, outputs(model, ids.flip(0))[:, 10:], rtol=0, atol=1e-10)
+    assert "rebuilt what it could" not in caplog.text
 
 
 def test_static_caches_are_refused():

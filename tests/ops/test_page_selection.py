@@ -8,7 +8,8 @@ import torch
 
 from attnlab.ops.attention.masks import rank_positions
 from attnlab.ops.attention.page_scorers import SCORERS
-from attnlab.ops.attention.page_summary import GrowingSummary, summarize
+from attnlab.ops.attention.page_step import attend_best_pages, attend_best_pages_reference
+from attnlab.ops.attention.page_summary import PageFeatures, summarize
 from attnlab.ops.attention.pages import paged_attention, paged_attention_naive
 from attnlab.ops.sparse_attention import native
 from attnlab.ops.sparse_attention.pages import (
@@ -117,24 +118,67 @@ def test_paged_attention_without_autograd_takes_the_native_route(monkeypatch, sc
 
 
 @pytest.mark.parametrize("scorer", ["quest", "mean"])
-def test_growing_summaries_equal_the_summaries_of_all_keys(scorer):
-    """Keys added 5, then 1, 1 and 6 at a time (padding in front of row 0) give the
-    summaries and features of all keys at once."""
+def test_features_refreshed_from_each_pages_keys_equal_those_of_all_keys(scorer):
+    """Features started from the first 5 keys (padding in front of row 0), then each page
+    refreshed from its own keys (read through rank_to_pos), equal the features of all keys."""
     _, k, _ = qkv()
     mask = padding_mask()
     ranks = (mask.long().cumsum(-1) - 1).masked_fill(~mask, -1)
     pages = torch.where(ranks >= 0, ranks // PAGE, -1)
+    n_real, n_pages = mask.sum(-1), -(-T // PAGE)
     featurize = SCORERS[scorer].features
-    grown = GrowingSummary(k[..., :5, :], pages[:, :5], int(pages[:, :5].max()) + 1, featurize)
-    for start, stop in ((5, 6), (6, 7), (7, 13), (13, T)):
-        grown.extend(k[..., start:stop, :], pages[:, start:stop])
-    n_pages = -(-T // PAGE)
-    full = summarize(k, pages, n_pages)
-    assert grown.n_pages == n_pages
-    for name, ref, out in zip(("total", "count", "min", "max"),
-                              (full.total, full.count, *full.bounds()),
-                              (grown.summary.total, grown.summary.count, *grown.summary.bounds()),
-                              strict=True):
-        assert_close(name, ref, out, 1e-14)
-    assert torch.equal(full.low.isinf(), grown.summary.low.isinf())  # the same empty pages
-    assert_close("features", featurize(full), grown.features, 1e-14)
+    kept = PageFeatures(k[..., :5, :], pages[:, :5], int(pages[:, :5].max()) + 1, featurize)
+    kept.cover(n_pages)
+    last = (n_real - 1) // PAGE
+    index = torch.arange(n_pages).expand(B, -1).minimum(last[:, None])  # row 0 has fewer
+    kept.refresh(k, index, PAGE, n_real, rank_positions(mask))
+    assert kept.n_pages == n_pages
+    want = featurize(summarize(k, pages, n_pages))
+    for row in range(B):
+        held = int(last[row]) + 1
+        assert_close(f"row {row}", want[row, :, :held], kept.features[row, :, :held], 1e-14)
+
+
+class BiasedScorer:
+    """A learned-looking scorer: per-head projections of the query and the page's mean key,
+    and a distance bias (as SEA's page estimator)."""
+
+    def __init__(self, width: int = 5, buckets: int = 3) -> None:
+        gen = torch.Generator().manual_seed(7)
+        self.w_q = torch.randn(H, D, width, generator=gen, dtype=F64) * 0.3
+        self.w_k = torch.randn(H, D, width, generator=gen, dtype=F64) * 0.3
+        self.bias = torch.randn(H, buckets, generator=gen, dtype=F64)
+
+    def features(self, summary):
+        mean = summary.mean().repeat_interleave(H // HK, dim=1)
+        return torch.einsum("bhpd,hdw->bhpw", mean, self.w_k.to(mean.dtype))
+
+    def query_features(self, q):
+        return torch.einsum("bhtd,hdw->bhtw", q, self.w_q.to(q.dtype))
+
+    def distance_bias(self):
+        return self.bias
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [F64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scorer", ["quest", "mean", "biased"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_one_call_scoring_selection_and_attention_equals_its_pytorch_steps(dtype, scorer,
+                                                                          causal):
+    """attend_best_pages (the native kernel where built) against the same steps in PyTorch,
+    on a padded batch, from the pages' features."""
+    scorer = BiasedScorer() if scorer == "biased" else SCORERS[scorer]
+    q, k, v = qkv(dtype, t_q=4)
+    mask = padding_mask()
+    ranks = (mask.long().cumsum(-1) - 1).masked_fill(~mask, -1)
+    pages = torch.where(ranks >= 0, ranks // PAGE, -1)
+    compute = torch.promote_types(dtype, torch.float32)
+    features = scorer.features(summarize(k.to(compute), pages, -(-T // PAGE)))
+    kw = dict(scorer=scorer, features=features, q_ranks=ranks[:, -4:], n_real=mask.sum(-1),
+              budget=9, page=PAGE, sink_pages=1, local_pages=1, causal=causal, scale=0.4,
+              rank_to_pos=rank_positions(mask))
+    ref = attend_best_pages_reference(*(x.double() for x in (q, k, v)), **kw)
+    out = attend_best_pages(q, k, v, **kw)
+    assert out.dtype == dtype
+    assert_close("pages in one call", ref, out.double(), TOLERANCE[dtype])

@@ -207,7 +207,7 @@ def attnlab_attention(
     out = core(query, key, value, scale=query.shape[-1] ** -0.5 if scaling is None else scaling,
                key_padding_mask=key_padding_mask, state=state)
     if out.state is not None:
-        if state is None and t_k > t_q:
+        if state is None and t_k > t_q and not core.exact_restart:
             _warn_restart(core, layer, t_k - t_q)
         if call is not None:
             call.new_states[layer] = _Saved(out.state, weakref.ref(key), key._version)

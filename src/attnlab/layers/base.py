@@ -148,7 +148,11 @@ class AttentionCore(nn.Module):
     :class:`~attnlab.layers.bias.ScoreBias`) reaches only cores registered with the
     ``score_bias`` trait; the registry refuses other combinations at config time. ``state``
     is this core's decoding state from the previous call (None on the first call).
+    ``exact_restart``: whether a state rebuilt from cached keys alone (a cache filled
+    elsewhere) equals the one decoding would have carried.
     """
+
+    exact_restart = False
 
     def forward(
         self,

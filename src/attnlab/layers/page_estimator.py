@@ -33,14 +33,10 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.ops.attention.masks import expand_kv_heads
+from attnlab.ops.attention.page_scorers import distance_buckets, scorer_logits
 from attnlab.ops.attention.page_summary import PageSummary, summarize
 
 SUMMARIES = 3  # mean, min, max
-
-
-def distance_buckets(distance: Tensor, n_buckets: int) -> Tensor:
-    """``min(floor(log2(|d| + 1)), n_buckets - 1)`` of page distances (int64, same shape)."""
-    return torch.log2(distance.abs().to(torch.float64) + 1).floor().long().clamp_max(n_buckets - 1)
 
 
 def page_summaries(k: Tensor, pages: Tensor, n_pages: int) -> Tensor:
@@ -87,25 +83,24 @@ class PageEstimator(nn.Module):
         return torch.einsum("bhpe,hew->bhpw", expand_kv_heads(summary, h),
                             self.key.to(summary.dtype))
 
-    def logits(self, q: Tensor, features: Tensor, q_pages: Tensor, scale: float) -> Tensor:
-        """q ``[B, H, Tq, D]``, projected page keys ``[B, H, P, W]`` (:meth:`project`),
-        q_pages ``[B, Tq]`` -> logits ``[B, H, Tq, P]`` (differentiable in the parameters)."""
-        n_pages = features.shape[2]
-        query = torch.einsum("bhtd,hdw->bhtw", q, self.query.to(q.dtype))
-        distance = q_pages[:, :, None] - torch.arange(n_pages, device=q.device)
-        bias = self.distance.to(q.dtype)[:, distance_buckets(distance, self.distance.shape[1])]
-        return (query @ features.transpose(-1, -2)) * scale + bias.transpose(0, 1)
-
     def features(self, summary: PageSummary) -> Tensor:
-        """The :class:`~attnlab.ops.attention.page_scorers.PageScorer` features: the
+        """The :class:`~attnlab.ops.attention.page_scorers.PageScorer` page features: the
         projected page keys ``[B, H, P, W]``."""
         return self.project(stacked(summary))
+
+    def query_features(self, q: Tensor) -> Tensor:
+        """The projected queries ``[B, H, Tq, W]`` of q ``[B, H, Tq, D]``."""
+        return torch.einsum("bhtd,hdw->bhtw", q, self.query.to(q.dtype))
+
+    def distance_bias(self) -> Tensor:
+        """``[H, n_buckets]``: the recency prior by bucket of page distance."""
+        return self.distance
 
     def logits_from_summaries(self, q: Tensor, summary: Tensor, q_pages: Tensor,
                               scale: float) -> Tensor:
         """q ``[B, H, Tq, D]``, summary ``[B, Hk, P, 3D]`` (:func:`page_summaries`), q_pages
         ``[B, Tq]`` -> logits ``[B, H, Tq, P]`` (differentiable in the parameters)."""
-        return self.logits(q, self.project(summary.to(q.dtype)), q_pages, scale)
+        return scorer_logits(self, q, self.project(summary.to(q.dtype)), q_pages, scale)
 
     def forward(self, q: Tensor, k: Tensor, pages: Tensor, n_pages: int, q_pages: Tensor,
                 scale: float) -> Tensor:

@@ -1,12 +1,14 @@
 """What a page core carries between causal decoding calls, and the selection it makes from it.
 
 Without a state, a call scores pages from the summaries of all its keys: O(context) work per
-decoded token just to summarise them. :class:`PageState` keeps the page summaries and the
-scorer's features of every page (:class:`~attnlab.ops.attention.page_summary.GrowingSummary`)
-and the count of real keys, so a step adds its own keys (the features of the one or two
-pages they touch are recomputed), scores the pages from the kept features (``H * P * F``
-multiply-adds for ``P`` pages) and reads only the selected pages' keys. A state made from
-the same keys gives the same selection as the full pass (tested).
+decoded token just to summarise them. :class:`PageState` keeps the scorer's features of
+every page (:class:`~attnlab.ops.attention.page_summary.PageFeatures`) and the count of real
+keys, so a step counts its own keys (when they complete a page, that page's features are
+computed from its keys), scores the pages from the kept features (``H * P * F``
+multiply-adds for ``P`` pages) and reads only the selected pages' keys, the scoring,
+selection and attention in one native call where it serves
+(:func:`~attnlab.ops.attention.page_step.attend_best_pages`). A state made from the same
+keys gives the same selection as the full pass (tested).
 """
 
 from __future__ import annotations
@@ -18,19 +20,19 @@ from torch import Tensor
 
 from attnlab.ops.attention.masks import key_ranks, rank_positions
 from attnlab.ops.attention.page_scorers import PageScorer
-from attnlab.ops.attention.page_summary import GrowingSummary
-from attnlab.ops.attention.pages import page_masks, select_pages
-from attnlab.ops.sparse_attention.pages import PageSelection, pages_from_kept
+from attnlab.ops.attention.page_step import attend_best_pages
+from attnlab.ops.attention.page_summary import PageFeatures, PageSummary
 
 
 @dataclasses.dataclass
 class PageState:
-    """Causal decoding state after ``n_tokens`` key positions: ``pages`` (summaries and
-    features of the pages of its real keys), ``n_real`` ``[B]`` (real keys so far). Updated
-    in place by :func:`step_selection`; a state whose ``n_tokens`` differs from the cache's
-    length is not used (the core rebuilds it)."""
+    """Causal decoding state after ``n_tokens`` key positions: ``pages`` (the scorer's
+    features of every page of the real keys; a page's are final once it is complete),
+    ``n_real`` ``[B]`` (real keys so far). Updated in place by :func:`step_attention`; a
+    state whose ``n_tokens`` differs from the cache's length is not used (the core rebuilds
+    it)."""
 
-    pages: GrowingSummary
+    pages: PageFeatures
     n_real: Tensor
     n_tokens: int
 
@@ -44,33 +46,44 @@ def start_state(k: Tensor, key_padding_mask: Tensor | None, page: int, scorer: P
         pages = torch.where(ranks >= 0, ranks // page, -1)
         n_real = ranks.max(-1).values + 1
         n_pages = max(1, -(-int(n_real.max()) // page))
-        return PageState(GrowingSummary(k.detach(), pages, n_pages, scorer.features), n_real,
-                         t_k)
+        compute = torch.promote_types(k.dtype, torch.float32)  # scores of 16-bit keys in fp32
+
+        def featurize(summary: PageSummary) -> Tensor:
+            return scorer.features(summary).to(compute)
+
+        return PageState(PageFeatures(k.detach(), pages, n_pages, featurize), n_real, t_k)
 
 
-def step_selection(state: PageState, q: Tensor, k: Tensor, key_padding_mask: Tensor | None,
-                   *, scale: float, budget: int, page: int, sink_pages: int, local_pages: int,
-                   scorer: PageScorer) -> PageSelection:
-    """Add the new keys (the last ``Tq`` of k ``[B, Hk, Tk, D]``, ``Tk - Tq`` being the
-    state's) to ``state`` and select the pages of the new causal queries q ``[B, H, Tq, D]``."""
-    b, h_kv, t_k, _ = k.shape
+def step_attention(state: PageState, q: Tensor, k: Tensor, v: Tensor,
+                   key_padding_mask: Tensor | None, *, scale: float, budget: int, page: int,
+                   sink_pages: int, local_pages: int, scorer: PageScorer) -> Tensor:
+    """Count the new keys (the last ``Tq`` of k ``[B, Hk, Tk, D]``, ``Tk - Tq`` being the
+    state's) into ``state``, refreshing the features of the pages they complete; the new
+    causal queries q ``[B, H, Tq, D]`` then attend to the pages they select
+    (:func:`~attnlab.ops.attention.page_step.attend_best_pages`) -> ``[B, H, Tq, Dv]``."""
+    b, _, t_k, _ = k.shape
     t_q = q.shape[-2]
     with torch.no_grad():
-        new = None if key_padding_mask is None else key_padding_mask[:, t_k - t_q:]
-        real = torch.ones(b, t_q, dtype=torch.bool, device=k.device) if new is None else new
-        counts = state.n_real[:, None] + real.long().cumsum(-1)
-        q_ranks = torch.where(real, counts - 1, -1)
-        state.pages.extend(k[..., t_k - t_q:, :].detach(),
-                           torch.where(q_ranks >= 0, q_ranks // page, -1))
+        if key_padding_mask is None:
+            counts = state.n_real[:, None] + torch.arange(1, t_q + 1, device=k.device)
+            q_ranks = counts - 1
+            rank_to_pos = None
+        else:
+            real = key_padding_mask[:, t_k - t_q:]
+            counts = state.n_real[:, None] + real.long().cumsum(-1)
+            q_ranks = torch.where(real, counts - 1, -1)
+            rank_to_pos = rank_positions(key_padding_mask)
+        complete_before, complete = state.n_real // page, counts[:, -1] // page
+        n_new, n_pages = (int(x) for x in torch.stack(
+            ((complete - complete_before).max(), (counts[:, -1] + page - 1).max() // page)))
+        state.pages.cover(n_pages)  # up to the queries' own pages
+        if n_new > 0:  # the pages completed by the new keys (a row without one: its last)
+            index = (complete_before[:, None] + torch.arange(n_new, device=k.device)).minimum(
+                (complete - 1).clamp_min(0)[:, None])
+            state.pages.refresh(k.detach(), index, page, counts[:, -1], rank_to_pos)
         state.n_real = counts[:, -1]
         state.n_tokens = t_k
-        n_pages = state.pages.n_pages
-        logits = scorer.logits(q.detach(), state.pages.features, q_ranks.clamp_min(0) // page,
-                               scale)
-        readable, forced = page_masks(state.n_real, q_ranks, n_pages, page, sink_pages,
-                                      local_pages, causal=True)
-        kept = select_pages(logits, h_kv, readable, forced,
-                            budget // page - sink_pages - local_pages)
-        rank_to_pos = None if key_padding_mask is None else rank_positions(key_padding_mask)
-        return PageSelection(pages_from_kept(kept, budget // page), page, q_ranks + 1,
-                             rank_to_pos)
+    return attend_best_pages(q, k, v, scorer=scorer, features=state.pages.features,
+                             q_ranks=q_ranks, n_real=state.n_real, budget=budget, page=page,
+                             sink_pages=sink_pages, local_pages=local_pages, causal=True,
+                             scale=scale, rank_to_pos=rank_to_pos)

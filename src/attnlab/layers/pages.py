@@ -18,8 +18,8 @@ equal budget, not speed.
 Causal decoding in eval mode carries a :class:`~attnlab.layers.page_state.PageState` (the
 pages' summaries and scores' features, grown by each step's keys), so a step's selection
 costs O(pages) and its attention reads only the selected pages
-(:func:`~attnlab.ops.sparse_attention.pages.attend_pages`: the native CPU kernel where it
-serves). Pages are counted over the real keys, so padding does not move them, and a cached
+(:func:`~attnlab.ops.attention.page_step.attend_best_pages`: one native CPU kernel call
+where it serves). Pages are counted over the real keys, so padding does not move them, and a cached
 step equals the full pass; without a usable state (the first call, a cache filled
 elsewhere) the core selects from the cached keys and starts one.
 """
@@ -37,12 +37,11 @@ from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
 from attnlab.layers.bias import ScoreBias
 from attnlab.layers.estimator_file import layer_estimator, resolve
 from attnlab.layers.page_estimator import PageEstimator
-from attnlab.layers.page_state import PageState, start_state, step_selection
+from attnlab.layers.page_state import PageState, start_state, step_attention
 from attnlab.layers.registry import CORES
 from attnlab.ops.attention import softmax_attention
 from attnlab.ops.attention.page_scorers import PageScorer, scorer_of
 from attnlab.ops.attention.pages import check_pages, paged_attention
-from attnlab.ops.sparse_attention.pages import attend_pages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +94,8 @@ class PageCore(AttentionCore):
     """Exact softmax over the pages each row keeps per KV head, scored by ``scorer`` (a
     built-in scorer's name, or a learned :class:`PageScorer` module, then a submodule)."""
 
+    exact_restart = True  # the page summaries of the cached keys are all a state holds
+
     def __init__(self, options: PageOptions, scorer: str | PageScorer, causal: bool,
                  dense: bool) -> None:
         super().__init__()
@@ -129,10 +130,10 @@ class PageCore(AttentionCore):
         stateful = self.causal and not self.training and bias is None
         n_cached = k.shape[-2] - q.shape[-2]
         if stateful and isinstance(state, PageState) and state.n_tokens == n_cached:
-            selection = step_selection(
-                state, q, k, key_padding_mask, scale=scale, budget=o.budget, page=o.page,
+            out = step_attention(
+                state, q, k, v, key_padding_mask, scale=scale, budget=o.budget, page=o.page,
                 sink_pages=o.sink_pages, local_pages=o.local_pages, scorer=scorer)
-            return CoreOutput(attend_pages(q, k, v, selection, scale=scale), state=state)
+            return CoreOutput(out, state=state)
         out = paged_attention(
             q, k, v, scale=scale, budget=o.budget, page=o.page, scorer=scorer,
             sink_pages=o.sink_pages, local_pages=o.local_pages, causal=self.causal,

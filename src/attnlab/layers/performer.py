@@ -105,6 +105,8 @@ class PerformerCore(AttentionCore):
     memory, and keep checkpointed memory free of custom objects).
     """
 
+    exact_restart = True  # its state is sums over the cached keys
+
     def __init__(self, ctx: LayerContext, options: PerformerOptions) -> None:
         super().__init__()
         self.causal = ctx.causal

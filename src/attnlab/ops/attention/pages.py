@@ -40,7 +40,7 @@ from attnlab.ops.attention.masks import (
     masked_attention,
     rank_positions,
 )
-from attnlab.ops.attention.page_scorers import PageScorer, scorer_of
+from attnlab.ops.attention.page_scorers import PageScorer, scorer_logits, scorer_of
 from attnlab.ops.attention.page_summary import summarize
 from attnlab.ops.sparse_attention import native
 from attnlab.ops.sparse_attention.pages import PageSelection, attend_pages, pages_from_kept
@@ -104,7 +104,8 @@ def page_logits(q: Tensor, k: Tensor, pages: Tensor, n_pages: int, q_pages: Tens
                 scorer: PageScorer, scale: float) -> Tensor:
     """Page logits ``[B, H, Tq, P]`` of q ``[B, H, Tq, D]`` over the pages ``[B, Tk]`` (-1:
     padding) of k ``[B, Hk, Tk, D]``, by ``scorer``; q_pages ``[B, Tq]``: each query's page."""
-    return scorer.logits(q, scorer.features(summarize(k, pages, n_pages)), q_pages, scale)
+    return scorer_logits(scorer, q, scorer.features(summarize(k, pages, n_pages)), q_pages,
+                         scale)
 
 
 def kept_pages(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int,

@@ -94,7 +94,12 @@ def _library() -> ctypes.CDLL | None:
         run.argtypes = inputs + [ptr] * 4 + [i64] * 2 + [i32]
         select = getattr(lib, f"attnlab_select_attention_{suffix}")
         select.argtypes = inputs + [ptr] * 2 + [i64] * 3 + [i32]
-        run.restype = select.restype = None
+        pages = getattr(lib, f"attnlab_page_attention_{suffix}")
+        # qf feat fs, Hf P F, bias, n_buckets, q_rank n_real, page sinks local n_top, causal,
+        # logit_scale, threads
+        pages.argtypes = inputs + [ptr] * 3 + [i64] * 3 + [ptr, i64] + [ptr] * 2 + [i64] * 4 + [
+            i32, dbl, i32]
+        run.restype = select.restype = pages.restype = None
     return lib
 
 
@@ -188,5 +193,33 @@ def select_attention_native(
     getattr(_library(), f"attnlab_select_attention_{DTYPES[q.dtype]}")(
         *args, _ptr(ranking), _ptr(lengths), ranking.shape[-1], k_per_head, cap,
         _threads(threads, lengths.numel()),
+    )
+    return out
+
+
+def page_attention_native(
+    q: Tensor, k: Tensor, v: Tensor, query_features: Tensor, features: Tensor,
+    bias: Tensor | None, q_rank: Tensor, n_real: Tensor, *, page: int, sink_pages: int,
+    local_pages: int, n_top: int, causal: bool, scale: float, rank_to_pos: Tensor | None,
+) -> Tensor:
+    """A page selector's selection and attention in one kernel (see
+    :func:`~attnlab.ops.attention.page_step.attend_best_pages`); callers check
+    :func:`supports` first. query_features ``[B, H, Tq, F]``, features ``[B, Hk or H, P, F]``
+    (a row of F contiguous), bias ``[H, n_buckets]`` or None, q_rank ``[B, Tq]``, n_real
+    ``[B]``. Returns ``[B, H, Tq, Dv]``."""
+    out, args, _alive = _common_inputs(q, k, v, None, rank_to_pos, scale, None)
+    compute = COMPUTE[q.dtype]
+    query = query_features.to(compute).contiguous()
+    feats = features.to(compute)
+    feats = feats if feats.stride(-1) == 1 else feats.contiguous()
+    strides = (ctypes.c_int64 * 3)(*feats.stride()[:3])
+    table = None if bias is None else bias.detach().to(compute).contiguous()
+    ranks, counts = (x.to(torch.int64).contiguous() for x in (q_rank, n_real))
+    b, h_kv, t_q = q.shape[0], k.shape[1], q.shape[2]
+    getattr(_library(), f"attnlab_page_attention_{DTYPES[q.dtype]}")(
+        *args, _ptr(query), _ptr(feats), strides, feats.shape[1], feats.shape[2],
+        feats.shape[3], _ptr(table), 0 if table is None else table.shape[1], _ptr(ranks),
+        _ptr(counts), page, sink_pages, local_pages, n_top, int(causal), float(scale),
+        _threads(None, b * t_q * h_kv),
     )
     return out

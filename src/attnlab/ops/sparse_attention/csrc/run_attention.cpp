@@ -8,8 +8,10 @@
 // score gets ALiBi's linear distance penalty -slopes[h] * (q_pos[t] - k_pos[key]) (|distance|
 // when symmetric) before the softmax.
 //
-// Two entry points share that per-row attention:
+// Three entry points share that per-row attention:
 // * run_attention: the runs are given (head, lo, count, width per cell);
+// * page_attention: a page selector's step (Quest, block top-k, SEA's page estimator): page
+//   logits from kept page features, the group's selection and the attention in one pass;
 // * select_attention: SEA's grouped top-k picks them from a ranking of the compressed cells
 //   [B, H, Tq, K] (see attnlab/ops/sea/mask.py): the row's budget of cells of the highest
 //   non-negative ranking across heads, each bin b covering ranks [edge(b), edge(b + 1)),
@@ -203,9 +205,11 @@ class RowAttention {
     }
   }
 
-  void finish() {
+  // writes heads [h_lo, h_hi) of the row (all by default)
+  void finish(int64_t h_lo = 0, int64_t h_hi = -1) {
     const Inputs<S, T>& in = in_;
-    for (int64_t h = 0; h < in.H; ++h) {
+    if (h_hi < 0) h_hi = in.H;
+    for (int64_t h = h_lo; h < h_hi; ++h) {
       const int64_t row = (b_ * in.H + h) * in.Tq + t_;
       S* o_row = in.out + row * in.Dv;
       const T factor =
@@ -288,6 +292,102 @@ void select_attention(const Inputs<S, T>& in, const T* ranking, const int64_t* l
   }
 }
 
+// floor(log2(d + 1)) of a page distance d >= 0, at most n - 1 (PageEstimator's bucket)
+inline int64_t distance_bucket(int64_t d, int64_t n) {
+  int64_t bits = 0;
+  for (uint64_t x = static_cast<uint64_t>(d) + 1; x > 1; x >>= 1) ++bits;
+  return std::min(bits, n - 1);
+}
+
+// What a page selector's step needs beside the attention's inputs (see page_attention).
+template <typename T>
+struct PageScores {
+  const T* qf;         // [B, H, Tq, F] query features
+  const T* feat;       // page features of KV head (Hf == Hk) or query head (Hf == H)
+  const int64_t* fs;   // feat's batch, head and page strides (a row of F is contiguous)
+  int64_t Hf, P, F;
+  const T* bias;       // [H, n_buckets] added by page distance, or null
+  int64_t n_buckets;
+  const int64_t* q_rank;  // [B, Tq]: the query's rank among the real keys, -1 if padded
+  const int64_t* n_real;  // [B]
+  int64_t page, sink_pages, local_pages, n_top;
+  int causal;
+  T logit_scale;
+};
+
+// A page selector's selection and attention in one pass, per (row, KV group): each head's
+// page logits logit_scale * qf[h] . feat[p] (+ bias[h, bucket(|own - p|)]) over the candidate
+// pages (holding real keys, not after the query's own page when causal, not forced), a softmax
+// per head summed over the group's heads, the n_top best sums kept beside the forced pages
+// (the first sink_pages, and the local_pages up to the query's own); then each head of the
+// group attends to the kept pages' keys (ranks below the query's own + 1 when causal).
+template <typename S, typename T>
+void page_attention(const Inputs<S, T>& in, const PageScores<T>& ps, int n_threads) {
+  const int64_t per = in.H / in.Hk;
+#pragma omp parallel num_threads(n_threads)
+  {
+    RowAttention<S, T> row_attention(in, ps.page);
+    std::vector<T> logit(ps.P), mass(ps.P);
+    std::vector<int64_t> order(ps.P);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < in.B * in.Tq * in.Hk; ++item) {
+      const int64_t row = item / in.Hk, g = item % in.Hk;
+      const int64_t b = row / in.Tq, t = row % in.Tq, rank = ps.q_rank[row];
+      row_attention.begin(b, t);
+      if (rank >= 0) {
+        const int64_t own = rank / ps.page, limit = ps.causal ? rank + 1 : ps.n_real[b];
+        int64_t readable = std::min((ps.n_real[b] + ps.page - 1) / ps.page, ps.P);
+        if (ps.causal) readable = std::min(readable, own + 1);
+        auto forced = [&](int64_t p) {
+          return p < ps.sink_pages || (p <= own && p > own - ps.local_pages);
+        };
+        int64_t n = 0;
+        for (int64_t p = 0; p < readable; ++p)
+          if (!forced(p)) order[n++] = p;
+        std::fill(mass.begin(), mass.begin() + readable, T(0));
+        for (int64_t j = 0; j < per && n > 0; ++j) {
+          const int64_t h = g * per + j, hf = ps.Hf == in.H ? h : g;
+          const T* qh = ps.qf + ((b * in.H + h) * in.Tq + t) * ps.F;
+          const T* fh = ps.feat + b * ps.fs[0] + hf * ps.fs[1];
+          T top = std::numeric_limits<T>::lowest();
+          for (int64_t c = 0; c < n; ++c) {
+            const int64_t p = order[c];
+            T x = ps.logit_scale * dot(qh, fh + p * ps.fs[2], ps.F);
+            if (ps.bias)
+              x += ps.bias[h * ps.n_buckets + distance_bucket(std::abs(own - p), ps.n_buckets)];
+            logit[c] = x;
+            top = std::max(top, x);
+          }
+          T sum = 0;
+          for (int64_t c = 0; c < n; ++c) {
+            logit[c] = exp_nonpositive(logit[c] - top);
+            sum += logit[c];
+          }
+          for (int64_t c = 0; c < n; ++c) mass[order[c]] += logit[c] / sum;
+        }
+        const int64_t keep = std::min(ps.n_top, n);
+        auto higher = [&](int64_t x, int64_t y) {
+          return mass[x] > mass[y] || (mass[x] == mass[y] && x < y);
+        };
+        if (keep < n) std::nth_element(order.begin(), order.begin() + keep, order.begin() + n,
+                                       higher);
+        for (int64_t j = 0; j < per; ++j) {
+          const int64_t h = g * per + j;
+          auto add = [&](int64_t p) {
+            const int64_t lo = p * ps.page;
+            const int64_t count = std::clamp<int64_t>(limit - lo, 0, ps.page);
+            row_attention.add_run(h, lo, count, count);
+          };
+          for (int64_t p = 0; p < readable; ++p)
+            if (forced(p)) add(p);
+          for (int64_t c = 0; c < keep; ++c) add(order[c]);
+        }
+      }
+      row_attention.finish(g * per, (g + 1) * per);
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -316,6 +416,16 @@ extern "C" {
                                          int64_t k_per_head, int64_t cap, int n_threads) {   \
     select_attention<S, T>(ATTNLAB_PACK(S, T), ranking, lengths, K, k_per_head, cap,         \
                            n_threads);                                                       \
+  }                                                                                          \
+  void attnlab_page_attention_##SUFFIX(                                                      \
+      ATTNLAB_INPUTS(S, T), const T* qf, const T* feat, const int64_t* fs, int64_t Hf,       \
+      int64_t P, int64_t F, const T* bias, int64_t n_buckets, const int64_t* q_rank,          \
+      const int64_t* n_real, int64_t page, int64_t sink_pages, int64_t local_pages,           \
+      int64_t n_top, int causal, double logit_scale, int n_threads) {                         \
+    const PageScores<T> scores{qf,      feat,       fs,          Hf,    P,      F,           \
+                               bias,    n_buckets,  q_rank,      n_real, page,  sink_pages,  \
+                               local_pages, n_top,  causal,      T(logit_scale)};             \
+    page_attention<S, T>(ATTNLAB_PACK(S, T), scores, n_threads);                             \
   }
 
 ATTNLAB_ENTRY_POINTS(f32, float, float)

@@ -1,0 +1,64 @@
+"""A page selector's step from kept page features: score, select and attend in one call.
+
+A decoding state keeps each page's features (:mod:`attnlab.ops.attention.page_scorers`), so
+a step needs only the new queries' logits over them, the group's selection
+(:func:`~attnlab.ops.attention.pages.select_pages`) and the attention over the kept pages.
+:func:`attend_best_pages` does all three in one native CPU kernel call where it serves (no
+autograd; float32, float64, bfloat16), which removes the hundred-odd small PyTorch ops a
+step would otherwise dispatch per layer; otherwise, and as its reference, the same steps in
+PyTorch (:func:`attend_best_pages_reference`).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from attnlab.ops.attention.page_scorers import PageScorer, scorer_logits
+from attnlab.ops.attention.pages import page_masks, select_pages
+from attnlab.ops.sparse_attention import native
+from attnlab.ops.sparse_attention.pages import PageSelection, attend_pages, pages_from_kept
+
+
+def attend_best_pages_reference(
+    q: Tensor, k: Tensor, v: Tensor, *, scorer: PageScorer, features: Tensor, q_ranks: Tensor,
+    n_real: Tensor, budget: int, page: int, sink_pages: int, local_pages: int, causal: bool,
+    scale: float, rank_to_pos: Tensor | None,
+) -> Tensor:
+    """:func:`attend_best_pages` in PyTorch ops (differentiable in q, k and v)."""
+    n_pages = features.shape[2]
+    logits = scorer_logits(scorer, q.detach().to(features.dtype), features,
+                           q_ranks.clamp_min(0) // page, scale)
+    readable, forced = page_masks(n_real, q_ranks, n_pages, page, sink_pages, local_pages,
+                                  causal)
+    kept = select_pages(logits, k.shape[1], readable, forced,
+                        budget // page - sink_pages - local_pages)
+    limit = q_ranks + 1 if causal else n_real[:, None].expand_as(q_ranks)
+    selection = PageSelection(pages_from_kept(kept, budget // page), page,
+                              limit.masked_fill(q_ranks < 0, 0), rank_to_pos)
+    return attend_pages(q, k, v, selection, scale=scale)
+
+
+def attend_best_pages(
+    q: Tensor, k: Tensor, v: Tensor, *, scorer: PageScorer, features: Tensor, q_ranks: Tensor,
+    n_real: Tensor, budget: int, page: int, sink_pages: int, local_pages: int, causal: bool,
+    scale: float, rank_to_pos: Tensor | None,
+) -> Tensor:
+    """Exact attention of q ``[B, H, Tq, D]`` over the pages its KV group selects among the
+    pages of k, v ``[B, Hk, Tk, D]`` (``budget`` keys per query token per KV head: sinks,
+    local pages and the best others, as :func:`~attnlab.ops.attention.pages.paged_attention`).
+
+    features ``[B, Hk or H, P, F]``: the pages' features (``scorer.features``); q_ranks
+    ``[B, Tq]``: each query's rank among the real keys (-1: a padded query, output 0);
+    n_real ``[B]``: real keys; rank_to_pos ``[B, Tk]`` or None (rank = position).
+    Returns ``[B, H, Tq, Dv]``.
+    """
+    if native.supports(q, k, v):
+        return native.page_attention_native(
+            q, k, v, scorer.query_features(q), features, scorer.distance_bias(), q_ranks,
+            n_real, page=page, sink_pages=sink_pages, local_pages=local_pages,
+            n_top=budget // page - sink_pages - local_pages, causal=causal, scale=scale,
+            rank_to_pos=rank_to_pos)
+    return attend_best_pages_reference(
+        q, k, v, scorer=scorer, features=features, q_ranks=q_ranks, n_real=n_real,
+        budget=budget, page=page, sink_pages=sink_pages, local_pages=local_pages,
+        causal=causal, scale=scale, rank_to_pos=rank_to_pos)
