@@ -58,8 +58,8 @@ def test_decoding_from_the_state_equals_the_full_pass(monkeypatch, name, autogra
     """Without autograd the native kernel reads the pages (where it is built); with it, the
     PyTorch executor does."""
     calls = []
-    real = native.run_attention_native
-    monkeypatch.setattr(native, "run_attention_native",
+    real = native.page_attention_native
+    monkeypatch.setattr(native, "page_attention_native",
                         lambda *a, **kw: calls.append(1) or real(*a, **kw))
     layer = core(name)
     q, k, v, mask = inputs()

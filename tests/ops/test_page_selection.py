@@ -101,17 +101,17 @@ def test_the_native_executor_matches_the_reference(dtype, padded):
 @pytest.mark.parametrize("padded", [False, True], ids=["", "padded"])
 def test_paged_attention_without_autograd_takes_the_native_route(monkeypatch, scorer, causal,
                                                                  padded):
+    """One native call scores, selects and attends for every row."""
     calls = []
-    real = native.run_attention_native
-    monkeypatch.setattr(native, "run_attention_native",
+    real = native.page_attention_native
+    monkeypatch.setattr(native, "page_attention_native",
                         lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.setattr("attnlab.ops.attention.pages.QUERY_BLOCK", 8)
     q, k, v = qkv()
     kw = dict(scale=0.35, budget=9, page=PAGE, scorer=scorer, causal=causal,
               key_padding_mask=padding_mask() if padded else None)
     with torch.no_grad():
         out = paged_attention(q, k, v, **kw)
-    assert len(calls) == 3  # one per block of queries
+    assert len(calls) == 1
     ref = paged_attention_naive(q, k, v, **kw)
     rows = slice(PAD, None) if padded else slice(None)
     assert_close("native paged attention", ref[..., rows, :], out[..., rows, :], 1e-13)
@@ -127,7 +127,8 @@ def test_features_refreshed_from_each_pages_keys_equal_those_of_all_keys(scorer)
     pages = torch.where(ranks >= 0, ranks // PAGE, -1)
     n_real, n_pages = mask.sum(-1), -(-T // PAGE)
     featurize = SCORERS[scorer].features
-    kept = PageFeatures(k[..., :5, :], pages[:, :5], int(pages[:, :5].max()) + 1, featurize)
+    kept = PageFeatures(k[..., :5, :], pages[:, :5], int(pages[:, :5].max()) + 1, featurize,
+                        F64)
     kept.cover(n_pages)
     last = (n_real - 1) // PAGE
     index = torch.arange(n_pages).expand(B, -1).minimum(last[:, None])  # row 0 has fewer

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from attnlab.config import ConfigError
 from attnlab.layers.page_estimator import PageEstimator, page_summaries
 from attnlab.ops.attention.masks import expand_kv_heads
-from attnlab.ops.attention.pages import check_pages, page_masks
+from attnlab.ops.attention.page_rules import check_pages, page_masks
 
 logger = logging.getLogger(__name__)
 

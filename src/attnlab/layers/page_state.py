@@ -21,7 +21,7 @@ from torch import Tensor
 from attnlab.ops.attention.masks import key_ranks, rank_positions
 from attnlab.ops.attention.page_scorers import PageScorer
 from attnlab.ops.attention.page_step import attend_best_pages
-from attnlab.ops.attention.page_summary import PageFeatures, PageSummary
+from attnlab.ops.attention.page_summary import PageFeatures
 
 
 @dataclasses.dataclass
@@ -47,11 +47,8 @@ def start_state(k: Tensor, key_padding_mask: Tensor | None, page: int, scorer: P
         n_real = ranks.max(-1).values + 1
         n_pages = max(1, -(-int(n_real.max()) // page))
         compute = torch.promote_types(k.dtype, torch.float32)  # scores of 16-bit keys in fp32
-
-        def featurize(summary: PageSummary) -> Tensor:
-            return scorer.features(summary).to(compute)
-
-        return PageState(PageFeatures(k.detach(), pages, n_pages, featurize), n_real, t_k)
+        return PageState(PageFeatures(k.detach(), pages, n_pages, scorer.features, compute),
+                         n_real, t_k)
 
 
 def step_attention(state: PageState, q: Tensor, k: Tensor, v: Tensor,

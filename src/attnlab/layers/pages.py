@@ -40,8 +40,9 @@ from attnlab.layers.page_estimator import PageEstimator
 from attnlab.layers.page_state import PageState, start_state, step_attention
 from attnlab.layers.registry import CORES
 from attnlab.ops.attention import softmax_attention
+from attnlab.ops.attention.page_rules import check_pages
 from attnlab.ops.attention.page_scorers import PageScorer, scorer_of
-from attnlab.ops.attention.pages import check_pages, paged_attention
+from attnlab.ops.attention.pages import paged_attention
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from attnlab.ops.attention.page_rules import page_masks, select_pages
 from attnlab.ops.attention.page_scorers import PageScorer, scorer_logits
-from attnlab.ops.attention.pages import page_masks, select_pages
 from attnlab.ops.sparse_attention import native
 from attnlab.ops.sparse_attention.pages import PageSelection, attend_pages, pages_from_kept
 

@@ -57,10 +57,12 @@ def summarize(k: Tensor, pages: Tensor, n_pages: int) -> PageSummary:
 
 
 def summarize_pages(k: Tensor, index: Tensor, page: int, n_real: Tensor,
-                    rank_to_pos: Tensor | None) -> PageSummary:
+                    rank_to_pos: Tensor | None, dtype: torch.dtype | None = None
+                    ) -> PageSummary:
     """Summaries ``[B, Hk, m, .]`` of pages ``index`` ``[B, m]`` of each batch row, read from
-    their keys in k ``[B, Hk, Tk, D]``: page p holds ranks ``p * page ...`` below ``n_real``
-    ``[B]``, at positions ``rank_to_pos`` ``[B, Tk]`` (None: rank = position)."""
+    their keys in k ``[B, Hk, Tk, D]`` (cast to ``dtype``, None: k's): page p holds ranks
+    ``p * page ...`` below ``n_real`` ``[B]``, at positions ``rank_to_pos`` ``[B, Tk]``
+    (None: rank = position)."""
     b, h_kv, t_k, d = k.shape
     m = index.shape[1]
     ranks = (index[:, :, None] * page + torch.arange(page, device=k.device)).flatten(1)
@@ -70,21 +72,22 @@ def summarize_pages(k: Tensor, index: Tensor, page: int, n_real: Tensor,
         at = rank_to_pos.gather(1, at)
     keys = k.gather(2, at[:, None, :, None].expand(b, h_kv, m * page, d))
     local = torch.arange(m, device=k.device).repeat_interleave(page).expand(b, -1)
-    return summarize(keys, torch.where(real, local, -1), m)
+    return summarize(keys if dtype is None else keys.to(dtype), torch.where(real, local, -1), m)
 
 
 class PageFeatures:
     """A scorer's features of each page (``featurize``: a function of a
-    :class:`PageSummary` to ``[B, ., P, F]``, each page's from its own summary), kept in room
-    that doubles when full. A decoding state refreshes a page's features when the page is
-    complete: a page is scored only as a candidate, before the query's own page, so the
-    features of a page still filling are never read."""
+    :class:`PageSummary` to ``[B, ., P, F]``, each page's from its own summary), computed
+    from keys cast to ``dtype`` and kept in room that doubles when full. A decoding state
+    refreshes a page's features when the page is complete: a page is scored only as a
+    candidate, before the query's own page, so the features of a page still filling are
+    never read."""
 
     def __init__(self, k: Tensor, pages: Tensor, n_pages: int,
-                 featurize: Callable[[PageSummary], Tensor]) -> None:
+                 featurize: Callable[[PageSummary], Tensor], dtype: torch.dtype) -> None:
         """Features of the pages ``[B, Tk]`` (-1: padding) of keys k ``[B, Hk, Tk, D]``."""
-        self.featurize = featurize
-        features = featurize(summarize(k, pages, n_pages))
+        self.featurize, self.dtype = featurize, dtype
+        features = featurize(summarize(k.to(dtype), pages, n_pages))
         self._room = features.new_zeros(*features.shape[:2], max(1, 2 * n_pages),
                                          features.shape[-1])
         self._room[:, :, :n_pages] = features
@@ -109,6 +112,7 @@ class PageFeatures:
                 rank_to_pos: Tensor | None) -> None:
         """(Re)compute the features of pages ``index`` ``[B, m]`` (held: :meth:`cover`) from
         their keys (:func:`summarize_pages`)."""
-        features = self.featurize(summarize_pages(k, index, page, n_real, rank_to_pos))
+        features = self.featurize(summarize_pages(k, index, page, n_real, rank_to_pos,
+                                                  self.dtype))
         at = index[:, None, :, None].expand(*features.shape[:2], -1, features.shape[-1])
         self._room.scatter_(2, at, features)

@@ -18,13 +18,13 @@ reads per query token per KV head. The selection is not differentiable (gradient
 through the attention over the kept keys); a score bias is added to the kept keys' scores,
 and does not take part in the selection.
 
-:func:`paged_attention` works in blocks of queries (memory O(block * Tk)). Where the native
-CPU kernel serves the inputs (no autograd, no score bias) it hands the selection
-(:class:`~attnlab.ops.sparse_attention.pages.PageSelection`) to
-:func:`~attnlab.ops.sparse_attention.pages.attend_pages`, which reads the kept pages in
-place. Otherwise, without padding or a score bias and with at least :data:`GATHER_RATIO`
-times the budget in keys, it gathers the kept pages' keys and values
-(:func:`gathered_page_attention`), and else it masks a dense score block;
+:func:`paged_attention`: where the native CPU kernel serves the inputs (no autograd, no
+score bias), one call scores, selects and attends for every row from the pages' features
+(:func:`~attnlab.ops.attention.page_step.attend_best_pages`: memory O(T / page), keys read in
+place). Otherwise it works in blocks of queries (memory O(block * Tk)): without padding or a
+score bias and with at least :data:`GATHER_RATIO` times the budget in keys, it gathers the
+kept pages' keys and values (:func:`gathered_page_attention`), and else it masks a dense
+score block;
 :func:`paged_attention_naive` selects by loops over rows and heads, its reference.
 """
 
@@ -40,10 +40,11 @@ from attnlab.ops.attention.masks import (
     masked_attention,
     rank_positions,
 )
+from attnlab.ops.attention.page_rules import check_pages, page_masks, select_pages
 from attnlab.ops.attention.page_scorers import PageScorer, scorer_logits, scorer_of
+from attnlab.ops.attention.page_step import attend_best_pages
 from attnlab.ops.attention.page_summary import summarize
 from attnlab.ops.sparse_attention import native
-from attnlab.ops.sparse_attention.pages import PageSelection, attend_pages, pages_from_kept
 
 QUERY_BLOCK = 256
 GATHER_RATIO = 16
@@ -52,52 +53,6 @@ sees at least this many times the budget in keys. Measured on the 2-core dev box
 SmolLM2 layer (9 x 64, 3 KV heads) at 8192 tokens, Quest: gathered 2.0 s at a budget of 256
 and 6.7 s at 1024, masked 3.2 s at either (SDPA: 0.57 s); per-row gathers copy
 ``budget`` keys per row and KV head, so they win only well below the context."""
-
-
-def check_pages(budget: int, page: int, sink_pages: int, local_pages: int) -> None:
-    """``ValueError`` unless the budget is a whole number of pages, more than the sink and
-    local pages together."""
-    if page < 1:
-        raise ValueError(f"page must be >= 1 key, got {page}")
-    if sink_pages < 0 or local_pages < 1:
-        raise ValueError(f"sink_pages must be >= 0 and local_pages >= 1 (the query's own page),"
-                         f" got {sink_pages} and {local_pages}")
-    if budget % page:
-        raise ValueError(f"budget {budget} is not a whole number of pages of {page} keys; "
-                         f"give a multiple of {page}, e.g. {max(page, budget // page * page)}")
-    if budget // page <= sink_pages + local_pages:
-        raise ValueError(f"budget {budget} = {budget // page} pages of {page} leaves none to "
-                         f"select beside {sink_pages} sink and {local_pages} local page(s); "
-                         f"give at least {(sink_pages + local_pages + 1) * page}")
-
-
-def select_pages(logits: Tensor, h_kv: int, readable: Tensor, forced: Tensor, n_top: int
-                 ) -> Tensor:
-    """Per KV head and row, the pages kept ``[B, Hk, Tq, P]`` (bool): the ``forced`` ones
-    ``[B, 1, Tq, P]`` and the ``n_top`` best other ``readable`` ones ``[B, 1, Tq, P]`` by the
-    group's summed page probabilities (each head's softmax over those candidates: the forced
-    pages, the query's own among them, stay out, so keys after the query never weigh in)."""
-    b, h, t_q, n_pages = logits.shape
-    candidates = readable & ~forced
-    probs = torch.softmax(logits.masked_fill(~candidates, float("-inf")), -1).nan_to_num(0.0)
-    group = probs.view(b, h_kv, h // h_kv, t_q, n_pages).sum(2)
-    ranked = group.masked_fill(~candidates, float("-inf"))
-    top = ranked.topk(min(n_top, n_pages), dim=-1)
-    chosen = torch.zeros_like(candidates.expand_as(ranked)).scatter_(
-        -1, top.indices, top.values > float("-inf"))
-    return chosen | (forced & readable)
-
-
-def page_masks(n_real: Tensor, q_rank: Tensor, n_pages: int, page: int, sink_pages: int,
-               local_pages: int, causal: bool) -> tuple[Tensor, Tensor]:
-    """``readable`` and ``forced`` pages ``[B, 1, Tq, P]`` for queries of rank ``q_rank``
-    ``[B, Tq]`` (-1: a padded query) among ``n_real`` ``[B]`` real keys."""
-    index = torch.arange(n_pages, device=n_real.device)
-    has_keys = index[None, :] * page < n_real[:, None]  # [B, P]
-    own = (q_rank.clamp_min(0) // page)[..., None]  # [B, Tq, 1]
-    readable = has_keys[:, None, :] & ((index <= own) if causal else True)
-    forced = (index < sink_pages) | ((index <= own) & (index > own - local_pages))
-    return readable[:, None], (forced & readable)[:, None]
 
 
 def page_logits(q: Tensor, k: Tensor, pages: Tensor, n_pages: int, q_pages: Tensor,
@@ -131,24 +86,6 @@ def kept_pages(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int,
         kept = select_pages(logits, h_kv, readable, forced,
                             budget // page - sink_pages - local_pages)
         return kept, ranks
-
-
-def page_selection(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int,
-                   scorer: str | PageScorer, sink_pages: int, local_pages: int, causal: bool,
-                   key_padding_mask: Tensor | None, q_start: int | None = None,
-                   rank_to_pos: Tensor | None = None) -> PageSelection:
-    """The :class:`~attnlab.ops.sparse_attention.pages.PageSelection` of q ``[B, H, Tq, D]``
-    (at key positions ``q_start ...``, as :func:`kept_pages`) over k ``[B, Hk, Tk, D]``;
-    ``rank_to_pos`` ``[B, Tk]`` (None: computed from ``key_padding_mask``)."""
-    q_start = k.shape[-2] - q.shape[-2] if q_start is None else q_start
-    kept, ranks = kept_pages(q, k, scale=scale, budget=budget, page=page, scorer=scorer,
-                             sink_pages=sink_pages, local_pages=local_pages, causal=causal,
-                             key_padding_mask=key_padding_mask, q_start=q_start)
-    q_ranks = ranks[:, q_start:q_start + q.shape[-2]]
-    limit = q_ranks + 1 if causal else (ranks.max(-1, keepdim=True).values + 1).expand_as(q_ranks)
-    if rank_to_pos is None and key_padding_mask is not None:
-        rank_to_pos = rank_positions(key_padding_mask)
-    return PageSelection(pages_from_kept(kept, budget // page), page, limit, rank_to_pos)
 
 
 def paged_keep(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int,
@@ -226,8 +163,16 @@ def paged_attention(
     check_pages(budget, page, sink_pages, local_pages)
     scorer = scorer_of(scorer)
     t_q, t_k = q.shape[-2], k.shape[-2]
-    native_runs = score_bias is None and native.supports(q, k, v)
     rank_to_pos = None if key_padding_mask is None else rank_positions(key_padding_mask)
+    if score_bias is None and native.supports(q, k, v):  # one native call for every row
+        ranks = key_ranks(key_padding_mask, q.shape[0], t_k, k.device)
+        pages = torch.where(ranks >= 0, ranks // page, -1)
+        compute = torch.promote_types(k.dtype, torch.float32)
+        summary = summarize(k.to(compute), pages, max(1, -(-t_k // page)))
+        return attend_best_pages(
+            q, k, v, scorer=scorer, features=scorer.features(summary), q_ranks=ranks[:, t_k - t_q:],
+            n_real=ranks.max(-1).values + 1, budget=budget, page=page, sink_pages=sink_pages,
+            local_pages=local_pages, causal=causal, scale=scale, rank_to_pos=rank_to_pos)
     out = []
     for start in range(0, t_q, QUERY_BLOCK):
         stop = min(start + QUERY_BLOCK, t_q)
@@ -235,14 +180,6 @@ def paged_attention(
         padding = None if key_padding_mask is None else key_padding_mask[:, :t_seen]
         k_seen, v_seen = k[..., :t_seen, :], v[..., :t_seen, :]
         q_block = q[..., start:stop, :]
-        if native_runs:  # the native kernel reads the kept pages in place
-            selection = page_selection(
-                q_block, k_seen, scale=scale, budget=budget, page=page, scorer=scorer,
-                sink_pages=sink_pages, local_pages=local_pages, causal=causal,
-                key_padding_mask=padding, q_start=t_k - t_q + start,
-                rank_to_pos=None if rank_to_pos is None else rank_to_pos[:, :t_seen])
-            out.append(attend_pages(q_block, k_seen, v_seen, selection, scale=scale))
-            continue
         if padding is None and score_bias is None and GATHER_RATIO * budget <= t_seen:
             kept, _ = kept_pages(q_block, k_seen, scale=scale, budget=budget, page=page,
                                  scorer=scorer, sink_pages=sink_pages, local_pages=local_pages,

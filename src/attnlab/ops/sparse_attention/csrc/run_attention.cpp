@@ -349,21 +349,43 @@ void page_attention(const Inputs<S, T>& in, const PageScores<T>& ps, int n_threa
           const int64_t h = g * per + j, hf = ps.Hf == in.H ? h : g;
           const T* qh = ps.qf + ((b * in.H + h) * in.Tq + t) * ps.F;
           const T* fh = ps.feat + b * ps.fs[0] + hf * ps.fs[1];
+          int64_t c = 0;
+          for (; c + 4 <= n; c += 4) {  // four pages at a time, as the keys' scores
+            const T* f0 = fh + order[c] * ps.fs[2];
+            const T* f1 = fh + order[c + 1] * ps.fs[2];
+            const T* f2 = fh + order[c + 2] * ps.fs[2];
+            const T* f3 = fh + order[c + 3] * ps.fs[2];
+            T a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+            for (int64_t i = 0; i < ps.F; ++i) {
+              const T x = qh[i];
+              a0 += x * f0[i];
+              a1 += x * f1[i];
+              a2 += x * f2[i];
+              a3 += x * f3[i];
+            }
+            logit[c] = ps.logit_scale * a0;
+            logit[c + 1] = ps.logit_scale * a1;
+            logit[c + 2] = ps.logit_scale * a2;
+            logit[c + 3] = ps.logit_scale * a3;
+          }
+          for (; c < n; ++c) logit[c] = ps.logit_scale * dot(qh, fh + order[c] * ps.fs[2], ps.F);
           T top = std::numeric_limits<T>::lowest();
-          for (int64_t c = 0; c < n; ++c) {
-            const int64_t p = order[c];
-            T x = ps.logit_scale * dot(qh, fh + p * ps.fs[2], ps.F);
-            if (ps.bias)
-              x += ps.bias[h * ps.n_buckets + distance_bucket(std::abs(own - p), ps.n_buckets)];
-            logit[c] = x;
-            top = std::max(top, x);
+          for (c = 0; c < n; ++c) {
+            if (ps.bias) {
+              const int64_t d = std::abs(own - order[c]);
+              logit[c] += ps.bias[h * ps.n_buckets + distance_bucket(d, ps.n_buckets)];
+            }
+            top = std::max(top, logit[c]);
           }
           T sum = 0;
-          for (int64_t c = 0; c < n; ++c) {
+#pragma omp simd reduction(+ : sum)
+          for (c = 0; c < n; ++c) {
             logit[c] = exp_nonpositive(logit[c] - top);
             sum += logit[c];
           }
-          for (int64_t c = 0; c < n; ++c) mass[order[c]] += logit[c] / sum;
+          const T inverse = T(1) / sum;
+          for (c = 0; c < n; ++c) mass[order[c]] += logit[c] * inverse;
         }
         const int64_t keep = std::min(ps.n_top, n);
         auto higher = [&](int64_t x, int64_t y) {
