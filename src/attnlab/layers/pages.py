@@ -43,6 +43,7 @@ from attnlab.ops.attention import softmax_attention
 from attnlab.ops.attention.page_rules import check_pages
 from attnlab.ops.attention.page_scorers import PageScorer, scorer_of
 from attnlab.ops.attention.pages import paged_attention
+from attnlab.utils.threads import FEW_ROWS, single_threaded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,9 +132,11 @@ class PageCore(AttentionCore):
         stateful = self.causal and not self.training and bias is None
         n_cached = k.shape[-2] - q.shape[-2]
         if stateful and isinstance(state, PageState) and state.n_tokens == n_cached:
-            out = step_attention(
-                state, q, k, v, key_padding_mask, scale=scale, budget=o.budget, page=o.page,
-                sink_pages=o.sink_pages, local_pages=o.local_pages, scorer=scorer)
+            with single_threaded(q.shape[0] * q.shape[2] <= FEW_ROWS):
+                out = step_attention(
+                    state, q, k, v, key_padding_mask, scale=scale, budget=o.budget,
+                    page=o.page, sink_pages=o.sink_pages, local_pages=o.local_pages,
+                    scorer=scorer)
             return CoreOutput(out, state=state)
         out = paged_attention(
             q, k, v, scale=scale, budget=o.budget, page=o.page, scorer=scorer,

@@ -7,6 +7,11 @@ from collections.abc import Iterator
 
 import torch
 
+FEW_ROWS = 64
+"""Query rows (batch x new tokens) up to which a core's call runs on one thread: a decoding
+step's ops are tiny, and a parallel region per op costs more than it saves, most of all on a
+busy machine (see :func:`single_threaded`)."""
+
 
 @contextlib.contextmanager
 def single_threaded(enabled: bool = True) -> Iterator[None]:

@@ -27,13 +27,10 @@ from attnlab.ops.sea import (
     estimate_weighted_mean,
     selected_attention,
 )
-from attnlab.utils.threads import single_threaded
+from attnlab.utils.threads import FEW_ROWS, single_threaded
 
 logger = logging.getLogger(__name__)
 
-# Query rows (batch x new tokens) up to which a call runs on one thread: a decoding step's
-# ops are tiny, and a parallel region per op costs more than it saves (see single_threaded).
-FEW_ROWS = 64
 # Query rows per block of a long causal prefill at inference (see forward). Measured with the
 # core of bench attention (12 x 64, k = K = 64): at T = 4096, 156 ms in blocks of 1024 rows,
 # 168 ms in one pass, 230 ms in blocks of 512; at 8192, 340 ms against 310 in one pass.
