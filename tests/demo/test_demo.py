@@ -181,7 +181,7 @@ def test_the_real_model_stage_compares_sea_pages_with_quest_and_a_window(smoke_d
         "original", f"sea_pages {pages}", f"quest {pages}", f"window {real.keys}"]
     assert all(r["ppl_ratio"] > 0 for r in quality["records"])
     _, serve = read_json(real.serve_path(smoke_demo))
-    assert {r.name for r in serve} == {"original", "window"}  # page cores: no fast executor
+    assert {r.name for r in serve} == {"original", "window", "quest", "sea_pages"}
     assert {r.shape["op"] for r in serve} == {"prefill", "decode"}
     md = (smoke_demo / "report.md").read_text()
     assert "## Long context: quality kept against serving speed" in md

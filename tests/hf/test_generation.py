@@ -105,6 +105,18 @@ def test_a_state_rebuilt_exactly_from_a_reordered_cache_is_not_warned_about(capl
     assert "rebuilt what it could" not in caplog.text
 
 
+def test_the_decoding_states_bytes_are_counted():
+    """What a page core keeps beside the KV cache (its pages' features) is memory the serving
+    benchmark must count."""
+    model = converted("llama", *CORES["quest"])
+    _, cache = decode(model, token_ids(length=14), [0, 10, 11])
+    states = [entry.state for entry in attnlab.hf.attention._STATES[cache].values()]
+    assert len(states) == model.config.num_hidden_layers
+    held = sum(s.pages.features.untyped_storage().nbytes() + s.n_real.untyped_storage().nbytes()
+               for s in states)
+    assert attnlab.hf.attention.decoding_state_bytes(cache) == held > 0
+
+
 def test_static_caches_are_refused():
     model = converted("llama", "sea", SEA_SPARSE)
     with pytest.raises(ValueError, match="static"):

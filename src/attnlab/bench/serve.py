@@ -33,7 +33,8 @@ flatter the converted cores.
 Timing alternates the models (round-robin, so drift hits all alike) and takes medians; peak
 memory (:func:`attnlab.bench.common.peak_memory_mb`) comes from a separate untimed call (a
 prefill, which also warms the prefill up; for decode, one step plus the cache's own bytes,
-computed from its shapes). Records follow :mod:`attnlab.bench.common`'s schema (``bench:
+computed from its shapes, and the bytes of the cores' decoding states,
+:func:`attnlab.hf.attention.decoding_state_bytes`). Records follow :mod:`attnlab.bench.common`'s schema (``bench:
 "serve"``, ``pass: "fwd"``, baseline ``original``); :func:`summarize` gives decode tokens/s
 and speedups per model, dtype, batch and length.
 
@@ -91,6 +92,7 @@ from attnlab.bench.serve_inputs import (
 )
 from attnlab.bench.serve_report import plot_decode, summarize
 from attnlab.config import ConfigError, PartSpec
+from attnlab.hf.attention import decoding_state_bytes
 from attnlab.hf.cache import InPlaceCache
 from attnlab.layers.registry import check_budget, keys_per_row
 from attnlab.utils.device import resolve_device
@@ -200,7 +202,8 @@ def decode_cell(models: Mapping[str, transformers.PreTrainedModel], model: Mappi
     for name, dec in decoders.items():
         for _ in range(grid.warmup):
             dec.step()
-        cache_mb = kv.nbytes(batch, dec.length + 1, dtype) / 2**20
+        cache_mb = (kv.nbytes(batch, dec.length + 1, dtype)
+                    + decoding_state_bytes(dec.cache)) / 2**20
         with _native_stderr_muted():
             peaks[name] = cache_mb + peak_memory_mb(dec.step, device)
     first = start + grid.warmup + 2

@@ -15,16 +15,11 @@ Three steps, each resumable from what it leaves in the demo's folder:
 2. ``<name>-quality.json``: perplexity at ``quality_lens`` tokens of the original,
    ``sea_pages`` with those estimators, ``quest`` and the window, each reading ``keys`` keys
    per query token per KV head, on the same held-out text (``attnlab long-context`` JSON);
-3. ``<name>-serve.json``: prefill and cached decoding of the original against the window at
-   ``serve_lens``, side by side (``attnlab bench serve`` JSON). ``sea_pages`` and ``quest``
-   are left out: their executor gathers each query row's pages (or masks a dense score
-   block), which on this machine takes ~3.5x SDPA's time per layer at 8192 tokens (one
-   SmolLM2 layer: 2.0 s against 0.57), so each of the benchmark's prefills would add
-   minutes and measure that executor rather than the selection (the fast engine is issue
-   #34). The window's speed is what reading ``keys`` keys per row contiguously buys.
+3. ``<name>-serve.json``: prefill and cached decoding of the original against the same three
+   cores at ``serve_lens``, side by side (``attnlab bench serve`` JSON; the page selectors
+   decode through their one-call native kernel, issue #34).
 
-``attnlab report`` draws the quality-against-speed frontier of the two JSON files (the page
-selectors as quality without speed).
+``attnlab report`` draws the quality-against-speed frontier of the two JSON files.
 """
 
 from __future__ import annotations
@@ -103,9 +98,8 @@ class RealModel:
                 f"original, with Quest and with a sliding window (4 sinks and the latest "
                 f"keys: the simple alternative), all reading {self.keys} keys per query token "
                 "per KV head: perplexity at "
-                f"{' and '.join(map(str, self.quality_lens))} tokens on held-out text, serving "
-                f"speed at {', '.join(map(str, self.serve_lens))} of the window only (sea_pages "
-                "and Quest run on an executor for quality, not speed: issue #34).")
+                f"{' and '.join(map(str, self.quality_lens))} tokens on held-out text, and "
+                f"serving speed at {', '.join(map(str, self.serve_lens))} tokens.")
 
     @property
     def window(self) -> dict[str, Any]:
@@ -115,12 +109,16 @@ class RealModel:
         """Where step 1 distils the estimators (unused with shipped ones)."""
         return out / "runs" / f"{self.name}-estimators"
 
-    def variants(self, out: Path) -> list[Any]:
-        """The quality step's variants: the original and three cores at ``keys``."""
+    def cores(self, out: Path) -> list[dict[str, Any]]:
+        """The three cores compared at ``keys``: sea_pages, Quest, the window."""
         estimators = self.estimators or str(self.estimators_dir(out) / "estimators.safetensors")
         pages = {"budget": self.keys, "page": self.page}
-        return ["original", {"name": "sea_pages", **pages, "estimators": estimators},
+        return [{"name": "sea_pages", **pages, "estimators": estimators},
                 {"name": "quest", **pages}, self.window]
+
+    def variants(self, out: Path) -> list[Any]:
+        """The quality step's variants: the original and :meth:`cores`."""
+        return ["original", *self.cores(out)]
 
     def quality_path(self, out: Path) -> Path:
         return out / f"{self.name}-quality.json"
@@ -172,7 +170,7 @@ class RealModel:
         if path.is_file():
             logger.info("%s: serving benchmark finished earlier, reusing %s", self.name, path)
             return
-        serve.run(str(model), gguf_file=self.gguf_file, cores=[self.window],
+        serve.run(str(model), gguf_file=self.gguf_file, cores=self.cores(out),
                   seq_lens=self.serve_lens, batches=(1,), prefill_batches=(1,),
                   reps=self.serve_reps, device=device, json_path=path, progress=progress)
 
@@ -185,12 +183,14 @@ SMOLLM2 = RealModel(
     serve_lens=(2048, 4096, 8192), serve_reps=3,
     # no distillation: the quality and serving steps. In the first 45-minute demo
     # (docs/results/demo-real-model-cpu; its Performer probe 133 ms) the quality step of
-    # three variants took 3 min and the serving benchmark of SEA and the window 7.5; now
-    # four variants, of which sea_pages and quest run ~2x the original's time (Quest 205 s
-    # against 104 s at 8192, docs/results/long-context-selectors-cpu): ~9 min, and the
-    # serving benchmark of the window alone ~5.5: ~14.5 min, 1110 s at the reference probe's
-    # 170 ms, rounded up
-    reference_s=1200.0,
+    # three variants took 3 min and the serving benchmark of SEA and the window 7.5; the
+    # quality step of four variants ~9 min (sea_pages and quest ~2x the original's time
+    # before their one-call kernel, docs/results/long-context-selectors-cpu), the serving
+    # benchmark of the window alone ~5.5, of which the original ~3.2; sea_pages and quest
+    # each cost ~1.15x the window (8k prefill 19.0-19.6 s against 16.7 s,
+    # docs/results/serve-sea-pages-cpu): ~20 min, 1200 s at the reference probe's 170 ms,
+    # rounded up
+    reference_s=1500.0,
 )
 """SmolLM2-135M-Instruct."""
 

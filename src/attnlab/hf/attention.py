@@ -137,6 +137,33 @@ def _after_forward(module: nn.Module, args: tuple, kwargs: dict, output: Any) ->
                            "restarts them", type(cache).__name__)
 
 
+def _tensor_bytes(obj: Any, seen: set[int]) -> int:
+    """Bytes of the tensor storages reachable from ``obj`` through dataclass fields, plain
+    attributes and containers (each storage once; modules and callables not entered)."""
+    if isinstance(obj, Tensor):
+        storage = obj.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return storage.nbytes()
+    if isinstance(obj, nn.Module) or callable(obj):
+        return 0
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(x, seen) for x in obj)
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(x, seen) for x in obj.values())
+    if hasattr(obj, "__dict__"):
+        return sum(_tensor_bytes(x, seen) for x in vars(obj).values())
+    return 0
+
+
+def decoding_state_bytes(cache: Any) -> int:
+    """Bytes the cores' decoding states filed under ``cache`` hold (reserved room included):
+    memory a converted model keeps beside the KV cache while it decodes."""
+    seen: set[int] = set()
+    return sum(_tensor_bytes(entry.state, seen) for entry in _STATES.get(cache, {}).values())
+
+
 def attach_state_hooks(stack: nn.Module) -> None:
     """Hook the module that runs the layers and receives the cache (once)."""
     if getattr(stack, HOOKED_ATTR, False):

@@ -43,7 +43,14 @@ from attnlab.ops.attention import softmax_attention
 from attnlab.ops.attention.page_rules import check_pages
 from attnlab.ops.attention.page_scorers import PageScorer, scorer_of
 from attnlab.ops.attention.pages import paged_attention
-from attnlab.utils.threads import FEW_ROWS, single_threaded
+from attnlab.utils.threads import single_threaded
+
+ONE_THREAD_ROWS = 2
+"""Query rows (batch x new tokens) up to which a decoding step runs on one thread. Measured on
+SmolLM2-135M at 8k (docs/results/serve-sea-pages-cpu): at batch 1 one thread loses nothing
+measurable when the machine is quiet, and keeps 84-108% of the quiet decode rate while
+another process holds a core (two threads: 34-42%); at batch 8 one thread cost about 30% of
+the quiet decode rate (the kernel's 24 (row, KV head) items are worth two threads)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +139,7 @@ class PageCore(AttentionCore):
         stateful = self.causal and not self.training and bias is None
         n_cached = k.shape[-2] - q.shape[-2]
         if stateful and isinstance(state, PageState) and state.n_tokens == n_cached:
-            with single_threaded(q.shape[0] * q.shape[2] <= FEW_ROWS):
+            with single_threaded(q.shape[0] * q.shape[2] <= ONE_THREAD_ROWS):
                 out = step_attention(
                     state, q, k, v, key_padding_mask, scale=scale, budget=o.budget,
                     page=o.page, sink_pages=o.sink_pages, local_pages=o.local_pages,

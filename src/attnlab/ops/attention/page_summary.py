@@ -75,10 +75,15 @@ def summarize_pages(k: Tensor, index: Tensor, page: int, n_real: Tensor,
     return summarize(keys if dtype is None else keys.to(dtype), torch.where(real, local, -1), m)
 
 
+SPARE_PAGES = 64
+"""Room a :class:`PageFeatures` reserves beyond its first pages (1024 tokens at pages of
+16); past it the room doubles."""
+
+
 class PageFeatures:
     """A scorer's features of each page (``featurize``: a function of a
     :class:`PageSummary` to ``[B, ., P, F]``, each page's from its own summary), computed
-    from keys cast to ``dtype`` and kept in room that doubles when full. A decoding state
+    from keys cast to ``dtype`` and kept in room (:data:`SPARE_PAGES` more, then doubling). A decoding state
     refreshes a page's features when the page is complete: a page is scored only as a
     candidate, before the query's own page, so the features of a page still filling are
     never read."""
@@ -88,7 +93,7 @@ class PageFeatures:
         """Features of the pages ``[B, Tk]`` (-1: padding) of keys k ``[B, Hk, Tk, D]``."""
         self.featurize, self.dtype = featurize, dtype
         features = featurize(summarize(k.to(dtype), pages, n_pages))
-        self._room = features.new_zeros(*features.shape[:2], max(1, 2 * n_pages),
+        self._room = features.new_zeros(*features.shape[:2], n_pages + SPARE_PAGES,
                                          features.shape[-1])
         self._room[:, :, :n_pages] = features
         self.n_pages = n_pages
