@@ -34,9 +34,10 @@ Timing alternates the models (round-robin, so drift hits all alike) and takes me
 memory (:func:`attnlab.bench.common.peak_memory_mb`) comes from a separate untimed call (a
 prefill, which also warms the prefill up; for decode, one step plus the cache's own bytes,
 computed from its shapes, and the bytes of the cores' decoding states,
-:func:`attnlab.hf.attention.decoding_state_bytes`). Records follow :mod:`attnlab.bench.common`'s schema (``bench:
-"serve"``, ``pass: "fwd"``, baseline ``original``); :func:`summarize` gives decode tokens/s
-and speedups per model, dtype, batch and length.
+:func:`attnlab.hf.attention.decoding_state_bytes`). Records follow
+:mod:`attnlab.bench.common`'s schema (``bench: "serve"``, ``pass: "fwd"``, baseline
+``original``); :func:`summarize` gives decode tokens/s and speedups per model, dtype, batch
+and length.
 
 Cost on a CPU: a prefill is quadratic in ``T`` for the original (minutes at ``T = 8192`` and
 batch 8 on SmolLM2-135M), hence the default ``prefill_batches=(1,)``; decoding from random

@@ -11,17 +11,13 @@ best other pages, then exact softmax over them
 (:func:`attnlab.ops.attention.pages.paged_attention`). Layers below ``dense_layers`` attend
 to every key (Quest keeps its first two layers dense).
 
-The selection reads every page summary (O(T / page) per query). The attention gathers the
-kept pages well below the context and masks a dense score block otherwise
-(:func:`~attnlab.ops.attention.pages.paged_attention`): these cores measure quality at an
-equal budget, not speed.
-Causal decoding in eval mode carries a :class:`~attnlab.layers.page_state.PageState` (the
-pages' summaries and scores' features, grown by each step's keys), so a step's selection
-costs O(pages) and its attention reads only the selected pages
-(:func:`~attnlab.ops.attention.page_step.attend_best_pages`: one native CPU kernel call
-where it serves). Pages are counted over the real keys, so padding does not move them, and a cached
-step equals the full pass; without a usable state (the first call, a cache filled
-elsewhere) the core selects from the cached keys and starts one.
+The selection scores every page (O(T / page) per query); at inference one native CPU call
+per layer scores, selects and attends (:mod:`attnlab.ops.attention.page_step`). Causal
+decoding in eval mode carries a :class:`~attnlab.layers.page_state.PageState` (the scorer's
+features of every page, a page's computed once it is complete), so a step costs its page
+scores and the keys it keeps. Pages are counted over the real keys, so padding does not move
+them, and a cached step equals the full pass; without a usable state (the first call, a
+cache filled elsewhere) the core selects from the cached keys and starts one, exactly.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A decoding state keeps each page's features (:mod:`attnlab.ops.attention.page_scorers`), so
 a step needs only the new queries' logits over them, the group's selection
-(:func:`~attnlab.ops.attention.pages.select_pages`) and the attention over the kept pages.
+(:func:`~attnlab.ops.attention.page_rules.select_pages`) and the attention over the kept pages.
 :func:`attend_best_pages` does all three in one native CPU kernel call where it serves (no
 autograd; float32, float64, bfloat16), which removes the hundred-odd small PyTorch ops a
 step would otherwise dispatch per layer; otherwise, and as its reference, the same steps in

@@ -83,10 +83,10 @@ SPARE_PAGES = 64
 class PageFeatures:
     """A scorer's features of each page (``featurize``: a function of a
     :class:`PageSummary` to ``[B, ., P, F]``, each page's from its own summary), computed
-    from keys cast to ``dtype`` and kept in room (:data:`SPARE_PAGES` more, then doubling). A decoding state
-    refreshes a page's features when the page is complete: a page is scored only as a
-    candidate, before the query's own page, so the features of a page still filling are
-    never read."""
+    from keys cast to ``dtype`` and kept in room (:data:`SPARE_PAGES` more, then doubling).
+    A decoding state refreshes a page's features when the page is complete: a page is scored
+    only as a candidate, before the query's own page, so the features of a page still
+    filling are never read."""
 
     def __init__(self, k: Tensor, pages: Tensor, n_pages: int,
                  featurize: Callable[[PageSummary], Tensor], dtype: torch.dtype) -> None:
