@@ -44,9 +44,9 @@ from attnlab.utils.threads import single_threaded
 ONE_THREAD_ROWS = 2
 """Query rows (batch x new tokens) up to which a decoding step runs on one thread. Measured on
 SmolLM2-135M at 8k (docs/results/serve-sea-pages-cpu): at batch 1 one thread loses nothing
-measurable when the machine is quiet, and keeps 84-108% of the quiet decode rate while
-another process holds a core (two threads: 34-42%); at batch 8 one thread cost about 30% of
-the quiet decode rate (the kernel's 24 (row, KV head) items are worth two threads)."""
+measurable when the machine is quiet, and keeps its quiet decode rate (84-115% in two runs)
+while another process holds a core (two threads: 34-42%); at batch 8 one thread cost about
+30% of the quiet decode rate (the kernel's 24 (row, KV head) items are worth two threads)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +99,7 @@ class PageCore(AttentionCore):
     """Exact softmax over the pages each row keeps per KV head, scored by ``scorer`` (a
     built-in scorer's name, or a learned :class:`PageScorer` module, then a submodule)."""
 
-    exact_restart = True  # the page summaries of the cached keys are all a state holds
+    exact_restart = True  # a state holds the features of the cached keys' pages, no more
 
     def __init__(self, options: PageOptions, scorer: str | PageScorer, causal: bool,
                  dense: bool) -> None:

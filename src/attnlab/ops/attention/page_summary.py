@@ -1,4 +1,4 @@
-"""Per-page key summaries that page selectors score, built at once or grown token by token.
+"""Per-page key summaries that page selectors score, and a scorer's features kept per page.
 
 A page holds ``page`` consecutive real keys (counted by rank among the real keys, so left
 padding does not move the pages). Its summary is the elementwise sum, minimum and maximum of
