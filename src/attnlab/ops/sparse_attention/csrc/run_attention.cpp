@@ -81,7 +81,27 @@ inline C dot(const C* __restrict a, const S* __restrict b, int64_t n) {
   return acc;
 }
 
-// What both entry points read: the tensors (stored as S, computed in C) and their shapes.
+// scale * (a . b0, ..., a . b3) into out[0..3]: four independent accumulators keep the FMA
+// units busy
+template <typename C, typename S>
+inline void dot4(const C* __restrict a, const S* b0, const S* b1, const S* b2, const S* b3,
+                 int64_t n, C scale, C* out) {
+  C a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+  for (int64_t i = 0; i < n; ++i) {
+    const C x = a[i];
+    a0 += x * widen(b0[i]);
+    a1 += x * widen(b1[i]);
+    a2 += x * widen(b2[i]);
+    a3 += x * widen(b3[i]);
+  }
+  out[0] = scale * a0;
+  out[1] = scale * a1;
+  out[2] = scale * a2;
+  out[3] = scale * a3;
+}
+
+// What the entry points read: the tensors (stored as S, computed in C) and their shapes.
 template <typename S, typename C>
 struct Inputs {
   const S* q;
@@ -138,27 +158,13 @@ class RowAttention {
       const int64_t rank = start + (n == w ? o : (o * w) / n);
       pos_[o] = in.rank_to_pos ? in.rank_to_pos[b_ * in.Tk + rank] : rank;
     }
-    // scores four keys at a time: independent accumulators keep the FMA units busy
+    // scores four keys at a time
     T* score = score_.data();
     int64_t o = 0;
     for (; o + 4 <= n; o += 4) {
-      const S* k0 = kh + pos_[o] * in.ks[2];
-      const S* k1 = kh + pos_[o + 1] * in.ks[2];
-      const S* k2 = kh + pos_[o + 2] * in.ks[2];
-      const S* k3 = kh + pos_[o + 3] * in.ks[2];
-      T a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-#pragma omp simd reduction(+ : a0, a1, a2, a3)
-      for (int64_t i = 0; i < in.D; ++i) {
-        const T x = qr[i];
-        a0 += x * widen(k0[i]);
-        a1 += x * widen(k1[i]);
-        a2 += x * widen(k2[i]);
-        a3 += x * widen(k3[i]);
-      }
-      score[o] = in.scale * a0;
-      score[o + 1] = in.scale * a1;
-      score[o + 2] = in.scale * a2;
-      score[o + 3] = in.scale * a3;
+      const int64_t* at = pos_.data() + o;
+      dot4(qr, kh + at[0] * in.ks[2], kh + at[1] * in.ks[2], kh + at[2] * in.ks[2],
+           kh + at[3] * in.ks[2], in.D, in.scale, score + o);
     }
     for (; o < n; ++o) score[o] = in.scale * dot(qr, kh + pos_[o] * in.ks[2], in.D);
     if (in.slopes) {
@@ -351,23 +357,9 @@ void page_attention(const Inputs<S, T>& in, const PageScores<T>& ps, int n_threa
           const T* fh = ps.feat + b * ps.fs[0] + hf * ps.fs[1];
           int64_t c = 0;
           for (; c + 4 <= n; c += 4) {  // four pages at a time, as the keys' scores
-            const T* f0 = fh + order[c] * ps.fs[2];
-            const T* f1 = fh + order[c + 1] * ps.fs[2];
-            const T* f2 = fh + order[c + 2] * ps.fs[2];
-            const T* f3 = fh + order[c + 3] * ps.fs[2];
-            T a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-#pragma omp simd reduction(+ : a0, a1, a2, a3)
-            for (int64_t i = 0; i < ps.F; ++i) {
-              const T x = qh[i];
-              a0 += x * f0[i];
-              a1 += x * f1[i];
-              a2 += x * f2[i];
-              a3 += x * f3[i];
-            }
-            logit[c] = ps.logit_scale * a0;
-            logit[c + 1] = ps.logit_scale * a1;
-            logit[c + 2] = ps.logit_scale * a2;
-            logit[c + 3] = ps.logit_scale * a3;
+            const int64_t* p = order.data() + c;
+            dot4(qh, fh + p[0] * ps.fs[2], fh + p[1] * ps.fs[2], fh + p[2] * ps.fs[2],
+                 fh + p[3] * ps.fs[2], ps.F, ps.logit_scale, logit.data() + c);
           }
           for (; c < n; ++c) logit[c] = ps.logit_scale * dot(qh, fh + order[c] * ps.fs[2], ps.F);
           T top = std::numeric_limits<T>::lowest();
