@@ -3,6 +3,7 @@
 ``sparse_attention``: padded key lists per (head, row). ``cell_attention``: per row, a padded
 list of cells (one head's run of keys each), for selections split unevenly across heads.
 ``run_attention``: the same cells described as runs of ranks, with a native CPU kernel.
+:mod:`.pages`: the page selectors' selection format (``PageSelection``) and its executors.
 """
 
 from attnlab.ops.sparse_attention.cells import cell_attention
