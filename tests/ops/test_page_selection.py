@@ -127,8 +127,8 @@ def test_features_refreshed_from_each_pages_keys_equal_those_of_all_keys(scorer)
     pages = torch.where(ranks >= 0, ranks // PAGE, -1)
     n_real, n_pages = mask.sum(-1), -(-T // PAGE)
     featurize = SCORERS[scorer].features
-    kept = PageFeatures(k[..., :5, :], pages[:, :5], int(pages[:, :5].max()) + 1, featurize,
-                        F64)
+    first = int(pages[:, :5].max()) + 1
+    kept = PageFeatures(featurize(summarize(k[..., :5, :], pages[:, :5], first)), featurize)
     kept.cover(n_pages)
     last = (n_real - 1) // PAGE
     index = torch.arange(n_pages).expand(B, -1).minimum(last[:, None])  # row 0 has fewer

@@ -22,6 +22,7 @@ from attnlab.ops.attention.masks import key_ranks, rank_positions
 from attnlab.ops.attention.page_scorers import PageScorer
 from attnlab.ops.attention.page_step import attend_best_pages
 from attnlab.ops.attention.page_summary import PageFeatures
+from attnlab.ops.attention.pages import all_page_features
 
 
 @dataclasses.dataclass
@@ -43,12 +44,9 @@ def start_state(k: Tensor, key_padding_mask: Tensor | None, page: int, scorer: P
     b, _, t_k, _ = k.shape
     with torch.no_grad():
         ranks = key_ranks(key_padding_mask, b, t_k, k.device)
-        pages = torch.where(ranks >= 0, ranks // page, -1)
-        n_real = ranks.max(-1).values + 1
-        n_pages = max(1, -(-int(n_real.max()) // page))
-        compute = torch.promote_types(k.dtype, torch.float32)  # scores of 16-bit keys in fp32
-        return PageState(PageFeatures(k.detach(), pages, n_pages, scorer.features, compute),
-                         n_real, t_k)
+        features = all_page_features(k.detach(), ranks, page, scorer)
+        return PageState(PageFeatures(features, scorer.features), ranks.max(-1).values + 1,
+                         t_k)
 
 
 def step_attention(state: PageState, q: Tensor, k: Tensor, v: Tensor,

@@ -141,12 +141,13 @@ class PageCore(AttentionCore):
                     page=o.page, sink_pages=o.sink_pages, local_pages=o.local_pages,
                     scorer=scorer)
             return CoreOutput(out, state=state)
+        state = start_state(k, key_padding_mask, o.page, scorer) if stateful else None
         out = paged_attention(
             q, k, v, scale=scale, budget=o.budget, page=o.page, scorer=scorer,
             sink_pages=o.sink_pages, local_pages=o.local_pages, causal=self.causal,
-            key_padding_mask=key_padding_mask, score_bias=bias)
-        return CoreOutput(out, state=start_state(k, key_padding_mask, o.page, scorer)
-                          if stateful else None)
+            key_padding_mask=key_padding_mask, score_bias=bias,
+            features=None if state is None else state.pages.features)
+        return CoreOutput(out, state=state)
 
 
 def _build(ctx: LayerContext, options: PageOptions, scorer: str | PageScorer) -> PageCore:

@@ -67,6 +67,12 @@ def key_ranks(key_padding_mask: Tensor | None, batch: int, t_k: int,
     return torch.where(key_padding_mask, counts - 1, -1)
 
 
+def key_pages(ranks: Tensor, page: int) -> Tensor:
+    """Each key's page of ``page`` real keys from its rank (:func:`key_ranks`), -1 for
+    padding; same shape as ``ranks``."""
+    return torch.where(ranks >= 0, ranks // page, -1)
+
+
 def masked_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, scale: float,
                      bias: Tensor | None = None) -> Tensor:
     """Exact softmax attention of q ``[B, H, Tq, D]`` over the keys ``keep`` (bool,

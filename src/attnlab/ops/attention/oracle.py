@@ -38,7 +38,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.ops.attention.masks import allowed_keys, attend_kept, expand_kv_heads, key_ranks
+from attnlab.ops.attention.masks import (
+    allowed_keys,
+    attend_kept,
+    expand_kv_heads,
+    key_pages,
+    key_ranks,
+)
 
 GROUPS = ("kv", "head", "heads")
 QUERY_BLOCK = 256
@@ -133,7 +139,7 @@ def _oracle(q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group
     check_oracle(budget, group, page)
     h, h_kv, t_q, t_k = q.shape[1], k.shape[1], q.shape[-2], k.shape[-2]
     ranks = key_ranks(key_padding_mask, q.shape[0], t_k, q.device)
-    pages = torch.where(ranks >= 0, ranks // page, -1)
+    pages = key_pages(ranks, page)
     k, v = expand_kv_heads(k, h), expand_kv_heads(v, h)
     out = []
     for start in range(0, t_q, block):

@@ -82,17 +82,16 @@ SPARE_PAGES = 64
 
 class PageFeatures:
     """A scorer's features of each page (``featurize``: a function of a
-    :class:`PageSummary` to ``[B, ., P, F]``, each page's from its own summary), computed
-    from keys cast to ``dtype`` and kept in room (:data:`SPARE_PAGES` more, then doubling).
-    A decoding state refreshes a page's features when the page is complete: a page is scored
-    only as a candidate, before the query's own page, so the features of a page still
-    filling are never read."""
+    :class:`PageSummary` to ``[B, ., P, F]``, each page's from its own summary), kept in
+    room (:data:`SPARE_PAGES` more, then doubling); pages refreshed later are summarised
+    from keys cast to the features' dtype. A decoding state refreshes a page's features when
+    the page is complete: a page is scored only as a candidate, before the query's own page,
+    so the features of a page still filling are never read."""
 
-    def __init__(self, k: Tensor, pages: Tensor, n_pages: int,
-                 featurize: Callable[[PageSummary], Tensor], dtype: torch.dtype) -> None:
-        """Features of the pages ``[B, Tk]`` (-1: padding) of keys k ``[B, Hk, Tk, D]``."""
-        self.featurize, self.dtype = featurize, dtype
-        features = featurize(summarize(k.to(dtype), pages, n_pages))
+    def __init__(self, features: Tensor, featurize: Callable[[PageSummary], Tensor]) -> None:
+        """Start from the features ``[B, ., P, F]`` of the first ``P`` pages."""
+        self.featurize, self.dtype = featurize, features.dtype
+        n_pages = features.shape[2]
         self._room = features.new_zeros(*features.shape[:2], n_pages + SPARE_PAGES,
                                          features.shape[-1])
         self._room[:, :, :n_pages] = features

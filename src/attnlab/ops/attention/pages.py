@@ -36,6 +36,7 @@ from torch import Tensor
 from attnlab.ops.attention.masks import (
     allowed_keys,
     expand_kv_heads,
+    key_pages,
     key_ranks,
     masked_attention,
     rank_positions,
@@ -63,6 +64,15 @@ def page_logits(q: Tensor, k: Tensor, pages: Tensor, n_pages: int, q_pages: Tens
                          scale)
 
 
+def all_page_features(k: Tensor, ranks: Tensor, page: int, scorer: PageScorer) -> Tensor:
+    """``scorer``'s features ``[B, Hk or H, P, F]`` of every page of k ``[B, Hk, Tk, D]``
+    (ranks ``[B, Tk]``: :func:`~attnlab.ops.attention.masks.key_ranks`; ``P`` pages up to
+    the last real key), computed from keys in at least float32."""
+    n_pages = max(1, -(-(int(ranks.max()) + 1) // page))
+    compute = torch.promote_types(k.dtype, torch.float32)  # scores of 16-bit keys in fp32
+    return scorer.features(summarize(k.to(compute), key_pages(ranks, page), n_pages))
+
+
 def kept_pages(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int,
                scorer: str | PageScorer, sink_pages: int, local_pages: int, causal: bool,
                key_padding_mask: Tensor | None, q_start: int | None = None
@@ -75,7 +85,7 @@ def kept_pages(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int,
     q_start = t_k - t_q if q_start is None else q_start
     with torch.no_grad():
         ranks = key_ranks(key_padding_mask, b, t_k, k.device)
-        pages = torch.where(ranks >= 0, ranks // page, -1)
+        pages = key_pages(ranks, page)
         n_pages = max(1, -(-t_k // page))
         q_ranks = ranks[:, q_start:q_start + t_q]
         logits = page_logits(q.detach(), k.detach(), pages, n_pages,
@@ -97,7 +107,7 @@ def paged_keep(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int,
     kept, ranks = kept_pages(q, k, scale=scale, budget=budget, page=page, scorer=scorer,
                              sink_pages=sink_pages, local_pages=local_pages, causal=causal,
                              key_padding_mask=key_padding_mask, q_start=q_start)
-    pages = torch.where(ranks >= 0, ranks // page, -1)
+    pages = key_pages(ranks, page)
     b, h_kv, t_q, _ = kept.shape
     at_key = pages.clamp_min(0)[:, None, None, :].expand(b, h_kv, t_q, k.shape[-2])
     return kept.gather(-1, at_key) & (pages >= 0)[:, None, None, :]
@@ -152,27 +162,27 @@ def paged_attention(
     q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, page: int = 16,
     scorer: str | PageScorer = "quest", sink_pages: int = 1, local_pages: int = 1,
     causal: bool = True, key_padding_mask: Tensor | None = None,
-    score_bias: Tensor | None = None,
+    score_bias: Tensor | None = None, features: Tensor | None = None,
 ) -> Tensor:
     """Exact attention over each row's pages kept per KV head (module docstring).
 
     q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k, v ``[B, Hk, Tk, D]`` (``Hk``
     divides ``H``), key_padding_mask ``[B, Tk]`` (True = real key), score_bias
-    ``[B or 1, H or 1, Tq, Tk]`` -> ``[B, H, Tq, Dv]``.
+    ``[B or 1, H or 1, Tq, Tk]`` -> ``[B, H, Tq, Dv]``. ``features``: the pages' features
+    (:func:`all_page_features`) where the caller holds them, or None.
     """
     check_pages(budget, page, sink_pages, local_pages)
     scorer = scorer_of(scorer)
     t_q, t_k = q.shape[-2], k.shape[-2]
-    rank_to_pos = None if key_padding_mask is None else rank_positions(key_padding_mask)
     if score_bias is None and native.supports(q, k, v):  # one native call for every row
         ranks = key_ranks(key_padding_mask, q.shape[0], t_k, k.device)
-        pages = torch.where(ranks >= 0, ranks // page, -1)
-        compute = torch.promote_types(k.dtype, torch.float32)
-        summary = summarize(k.to(compute), pages, max(1, -(-t_k // page)))
+        if features is None:
+            features = all_page_features(k, ranks, page, scorer)
         return attend_best_pages(
-            q, k, v, scorer=scorer, features=scorer.features(summary), q_ranks=ranks[:, t_k - t_q:],
+            q, k, v, scorer=scorer, features=features, q_ranks=ranks[:, t_k - t_q:],
             n_real=ranks.max(-1).values + 1, budget=budget, page=page, sink_pages=sink_pages,
-            local_pages=local_pages, causal=causal, scale=scale, rank_to_pos=rank_to_pos)
+            local_pages=local_pages, causal=causal, scale=scale,
+            rank_to_pos=None if key_padding_mask is None else rank_positions(key_padding_mask))
     out = []
     for start in range(0, t_q, QUERY_BLOCK):
         stop = min(start + QUERY_BLOCK, t_q)
