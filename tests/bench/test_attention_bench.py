@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from attnlab.bench import attention
-from attnlab.bench.common import Record, fill_ratios, format_table, read_json, read_summary
 from attnlab.cli import main
 from attnlab.config import ConfigError
+from attnlab.results import Record, fill_ratios, format_table, read_json, read_summary, scaling
 
 MECHS = ["sdpa", "eager", "performer", "reformer"]
 TINY = {"heads": 2, "d_head": 8, "reps": 5}
@@ -51,7 +51,7 @@ def test_json_round_trip_with_summary(tiny_run):
     assert back == records and machine["threads"] >= 1
     summary = read_summary(path)
     assert set(summary["slopes"]) == set(MECHS)
-    assert summary == json.loads(json.dumps(attention.summarize(records)))
+    assert summary == json.loads(json.dumps(scaling.summarize(records)))
     assert summary["slopes_2k_16k"] == {}  # 2048 and 16384 not measured
 
 
@@ -105,8 +105,8 @@ def test_everything_skipped_under_a_tiny_memory_limit(tmp_path):
     assert all(r["skipped"] and r["ratio"] is None for r in results)
     assert read_json(path)[1] == records
     assert "skipped: " in format_table(records)
-    assert attention.summarize(records)["slopes"] == {}
-    assert "skipped" in attention.format_summary(records)
+    assert scaling.summarize(records)["slopes"] == {}
+    assert "skipped" in scaling.format_summary(records)
 
 
 def test_only_what_does_not_fit_is_skipped():
@@ -118,7 +118,7 @@ def test_only_what_does_not_fit_is_skipped():
     skipped = [(r.name, r.shape["seq_len"]) for r in records if r.skipped]
     assert skipped == [("eager", 1024)]
     assert records[-1].ratio is None and records[-2].ratio == 1.0
-    assert set(attention.summarize(records)["slopes"]) == {"sdpa"}  # eager has one length
+    assert set(scaling.summarize(records)["slopes"]) == {"sdpa"}  # eager has one length
 
 
 def test_memory_extrapolation_is_exact_for_linear_plus_quadratic():
@@ -141,7 +141,7 @@ def test_slopes_are_least_squares_log_log():
     records += [rec("lin", t, t / 1024 * (1.5 if t == 1024 else 1.0)) for t in lengths]
     records += [rec("short", t, 1.0) for t in lengths[:3]]
     fill_ratios(records, "quad")
-    summary = attention.summarize(records)
+    summary = scaling.summarize(records)
     assert summary["slopes"]["quad"] == pytest.approx(2.0)
     assert summary["slopes_2k_16k"] == {"quad": pytest.approx(2.0), "lin": pytest.approx(1.0)}
     assert summary["slopes"]["lin"] < 1.0  # the slow 1024 point counts over all lengths

@@ -11,9 +11,9 @@ pytest.importorskip("transformers")
 
 import attnlab.hf  # noqa: E402
 from attnlab.bench import hf  # noqa: E402
-from attnlab.bench.common import read_json, read_summary  # noqa: E402
 from attnlab.cli import main  # noqa: E402
 from attnlab.config import ConfigError  # noqa: E402
+from attnlab.results import read_json, read_summary  # noqa: E402
 
 SEA = {"name": "sea", "k": 4, "predictor_length": 8}
 

@@ -12,8 +12,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from attnlab.bench import serve, serve_inputs, serve_report  # noqa: E402
-from attnlab.bench.common import read_json, read_summary  # noqa: E402
+from attnlab.bench import serve, serve_inputs  # noqa: E402
 from attnlab.bench.hf import (  # noqa: E402
     TINY_LLAMA,
     TINY_MODEL,
@@ -22,6 +21,8 @@ from attnlab.bench.hf import (  # noqa: E402
 )
 from attnlab.cli import main  # noqa: E402
 from attnlab.config import ConfigError  # noqa: E402
+from attnlab.results import read_json, read_summary  # noqa: E402
+from attnlab.results import serve as serve_report  # noqa: E402
 from attnlab.utils.provenance import available_cores  # noqa: E402
 
 SEA = {"name": "sea", "k": 4, "predictor_length": 8}

@@ -154,7 +154,7 @@ def test_numeric_arguments_are_checked_before_work(argv, words, run_dir, capsys)
 
 
 def test_min_reps_matches_the_benchmarks():
-    from attnlab.bench.common import MIN_REPS as BENCH_MIN_REPS
+    from attnlab.results import MIN_REPS as BENCH_MIN_REPS
 
     assert MIN_REPS == BENCH_MIN_REPS
 

@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from attnlab.bench.common import read_json
 from attnlab.cli import main
 from attnlab.config import builtin_config
 from attnlab.demo import run as demo_run
@@ -36,6 +35,7 @@ from attnlab.demo.plan import (
 from attnlab.demo.run import run_demo
 from attnlab.demo.summary import shortfalls
 from attnlab.report import compact_table
+from attnlab.results import read_json
 from attnlab.train import RunDirError, load_run_config
 from attnlab.utils.precision import native_bf16
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from attnlab.bench.common import Record, fill_ratios, write_json
+from attnlab.results import Record, fill_ratios, write_json
 
 
 def fake_run(path: Path, curve: Sequence[tuple[int, float]], metric: str = "eval_bpc",

@@ -107,7 +107,7 @@ def test_without_step_times_the_runs_own_time_is_used_and_no_ratio(inputs):
 def test_step_reaching_and_crossovers():
     assert step_reaching([(10, 3.0), (20, 2.0)], 2.5) == pytest.approx(15)
     assert step_reaching([(10, 3.0)], 3.5) == 10 and step_reaching([(10, 3.0)], 2.0) is None
-    from attnlab.bench.common import Record
+    from attnlab.results import Record
 
     recs = [Record("attention", "x", "fwd", {"seq_len": t}, ms, ms, 1.0, "sdpa", ms)
             for t, ms in ((1, 0.5), (2, 1.5), (4, 0.8))]

@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
-from attnlab.bench.common import Record, fill_ratios, write_json
 from attnlab.report import build_report, collect
 from attnlab.report.frontier import frontier_points, frontier_table, merged, plot_frontier
+from attnlab.results import Record, fill_ratios, write_json
 
 FINGERPRINT = "0123456789ab"
 

@@ -185,7 +185,7 @@ def test_file_kinds_of_figures(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attnlab.bench.plot import save_figure
+    from attnlab.results.figures import save_figure
 
     ours = save_figure(plt.figure(), tmp_path / "ours.png")
     theirs = tmp_path / "theirs.png"

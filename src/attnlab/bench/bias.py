@@ -31,7 +31,9 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from attnlab.bench.common import (
+from attnlab.config import PartSpec
+from attnlab.layers import CORES, POSITIONS, LayerContext
+from attnlab.results import (
     Record,
     fill_ratios,
     fwd,
@@ -39,8 +41,6 @@ from attnlab.bench.common import (
     time_side_by_side,
     write_json,
 )
-from attnlab.config import PartSpec
-from attnlab.layers import CORES, POSITIONS, LayerContext
 
 logger = logging.getLogger(__name__)
 

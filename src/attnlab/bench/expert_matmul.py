@@ -25,7 +25,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnlab.bench.common import (
+from attnlab.ops.expert_matmul import (
+    BACKENDS,
+    choose_backend,
+    expert_matmul,
+    expert_matmul_naive,
+)
+from attnlab.ops.expert_matmul.layout import check_inputs
+from attnlab.results import (
     PASSES,
     Record,
     fill_ratios,
@@ -35,13 +42,6 @@ from attnlab.bench.common import (
     time_side_by_side,
     write_json,
 )
-from attnlab.ops.expert_matmul import (
-    BACKENDS,
-    choose_backend,
-    expert_matmul,
-    expert_matmul_naive,
-)
-from attnlab.ops.expert_matmul.layout import check_inputs
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ converted with :func:`attnlab.hf.convert` to each given core are timed together
 * ``op: generate``: ``model.generate`` of ``new_tokens`` greedy tokens after the prompt with
   the KV cache (the prefill included; decoding carries the cores' states with the cache).
 
-Records follow :mod:`attnlab.bench.common`'s schema (``bench: "hf"``, ``pass: "fwd"``,
+Records follow :mod:`attnlab.results`'s schema (``bench: "hf"``, ``pass: "fwd"``,
 baseline ``original``); the summary gives, per model and length, ``generate_tokens_per_s``
 (``batch * new_tokens`` over the generate time) and ``decode_tokens_per_s`` (over the generate
 time less the forward time, i.e. the cached decoding alone, approximately).
@@ -34,7 +34,9 @@ import transformers
 from torch import Tensor
 
 import attnlab.hf
-from attnlab.bench.common import (
+from attnlab.config import ConfigError, PartSpec
+from attnlab.layers import CORES
+from attnlab.results import (
     Record,
     fill_ratios,
     fwd,
@@ -42,14 +44,12 @@ from attnlab.bench.common import (
     time_side_by_side,
     write_json,
 )
-from attnlab.config import ConfigError, PartSpec
-from attnlab.layers import CORES
+from attnlab.results.serve import BASELINE
 from attnlab.utils.provenance import config_fingerprint, model_fingerprint
 
 logger = logging.getLogger(__name__)
 
 BENCH = "hf"
-BASELINE = "original"
 DEFAULT_SEQ_LENS = (256, 512, 1024, 2048)
 TINY_MODEL = "tiny-llama"
 TINY_LLAMA = {"vocab_size": 2048, "hidden_size": 256, "intermediate_size": 688,

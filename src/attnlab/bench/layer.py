@@ -14,7 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
-from attnlab.bench.common import (
+from attnlab.layers import Attention, AttentionConfig, LayerContext
+from attnlab.metrics import MOA_INFERRED
+from attnlab.results import (
     Record,
     fill_ratios,
     fwd,
@@ -23,8 +25,6 @@ from attnlab.bench.common import (
     time_side_by_side,
     write_json,
 )
-from attnlab.layers import Attention, AttentionConfig, LayerContext
-from attnlab.metrics import MOA_INFERRED
 
 logger = logging.getLogger(__name__)
 

@@ -31,11 +31,11 @@ cache on every step (``torch.cat``), a cost that would dominate the original's d
 flatter the converted cores.
 
 Timing alternates the models (round-robin, so drift hits all alike) and takes medians; peak
-memory (:func:`attnlab.bench.common.peak_memory_mb`) comes from a separate untimed call (a
+memory (:func:`attnlab.results.peak_memory_mb`) comes from a separate untimed call (a
 prefill, which also warms the prefill up; for decode, one step plus the cache's own bytes,
 computed from its shapes, and the bytes of the cores' decoding states,
 :func:`attnlab.hf.attention.decoding_state_bytes`). Records follow
-:mod:`attnlab.bench.common`'s schema (``bench: "serve"``, ``pass: "fwd"``, baseline
+:mod:`attnlab.results`'s schema (``bench: "serve"``, ``pass: "fwd"``, baseline
 ``original``); :func:`summarize` gives decode tokens/s and speedups per model, dtype, batch
 and length.
 
@@ -60,14 +60,6 @@ import transformers
 from torch import Tensor
 from tqdm import tqdm
 
-from attnlab.bench.common import (
-    Record,
-    Timing,
-    fill_ratios,
-    peak_memory_mb,
-    time_call,
-    write_json,
-)
 from attnlab.bench.hf import (
     BASELINE,
     add_options,
@@ -78,7 +70,6 @@ from attnlab.bench.hf import (
     original_fingerprint,
     side_by_side,
 )
-from attnlab.bench.plot import require_matplotlib
 from attnlab.bench.serve_inputs import (
     CacheShape,
     Grid,
@@ -91,11 +82,20 @@ from attnlab.bench.serve_inputs import (
     random_cache,
     validated_grid,
 )
-from attnlab.bench.serve_report import plot_decode, summarize
 from attnlab.config import ConfigError, PartSpec
 from attnlab.hf.attention import decoding_state_bytes
 from attnlab.hf.cache import InPlaceCache
 from attnlab.layers.registry import check_budget, keys_per_row
+from attnlab.results import (
+    Record,
+    Timing,
+    fill_ratios,
+    peak_memory_mb,
+    time_call,
+    write_json,
+)
+from attnlab.results.figures import require_matplotlib
+from attnlab.results.serve import plot_decode, summarize
 from attnlab.utils.device import resolve_device
 
 logger = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def alternate(fns: Mapping[str, Callable[[], object]], rounds: int, per_round: i
               device: torch.device | str = "cpu") -> dict[str, Timing]:
     """Time candidates round-robin: each of ``rounds`` rounds runs every candidate in turn,
     ``per_round`` timed calls in a row (a block, as a server runs one model's steps). Unlike
-    :func:`attnlab.bench.common.time_side_by_side` there is no warmup and no minimum count:
+    :func:`attnlab.results.time_side_by_side` there is no warmup and no minimum count:
     the caller warms up (a decode cell's warmup steps, a prefill's memory call)."""
     device = torch.device(device)
     times: dict[str, list[float]] = {name: [] for name in fns}

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from attnlab.bench.common import Record, peak_memory_mb, time_side_by_side, write_json
 from attnlab.models import DecoderLM, ModelCache
+from attnlab.results import Record, peak_memory_mb, time_side_by_side, write_json
 from attnlab.train.config import RunConfig, load_run_config
 from attnlab.train.loop import make_optimizer
 

@@ -53,7 +53,7 @@ def layer_or_all(value: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected an integer or 'all', got {value!r}") from err
 
 
-MIN_REPS = 5  # attnlab.bench.common.MIN_REPS, spelled out: that module imports torch
+MIN_REPS = 5  # attnlab.results.MIN_REPS, spelled out: that module imports torch
 
 
 def csv_list(kind: type, low: float | None = None):

@@ -165,7 +165,7 @@ def cmd_match(args: argparse.Namespace) -> int:
 
 
 def print_records(records: list, json_path: str | None) -> int:
-    from attnlab.bench.common import format_table
+    from attnlab.results import format_table
 
     print(format_table(records))
     if json_path:
@@ -190,6 +190,7 @@ def cmd_bench_attention(args: argparse.Namespace) -> int:
     import torch
 
     from attnlab.bench import attention
+    from attnlab.results import scaling
 
     records = attention.run(
         mechanisms=args.mechanisms, seq_lens=args.seq_lens, causal=args.causal,
@@ -200,7 +201,7 @@ def cmd_bench_attention(args: argparse.Namespace) -> int:
     )
     print_records(records, args.json)
     print()
-    print(attention.format_summary(records))
+    print(scaling.format_summary(records))
     if args.plot:
         print(f"saved {args.plot}")
     return 0
@@ -296,7 +297,8 @@ def cmd_bench_hf(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
-    from attnlab.bench import serve, serve_report  # ImportError without transformers
+    from attnlab.bench import serve  # ImportError without transformers
+    from attnlab.results import serve as serve_report
 
     cores = [yaml_core(c) for c in args.core] or list(serve.DEFAULT_CORES)
     records = serve.run(

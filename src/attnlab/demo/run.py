@@ -43,7 +43,6 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from attnlab.bench import train_step
 from attnlab.bench.attention import run_layers
-from attnlab.bench.common import read_json
 from attnlab.config import ConfigError, builtin_config, dump_yaml
 from attnlab.demo.budget import Budget
 from attnlab.demo.parallel import Run, measured_step_s, probe_concurrently, train_runs
@@ -73,6 +72,7 @@ from attnlab.demo.plan import (
 from attnlab.demo.real_model import RealModel
 from attnlab.demo.summary import write_report
 from attnlab.distill import DistillRunConfig, distill, load_distill_config
+from attnlab.results import read_json
 from attnlab.train import RunDirError, load_run_config, train
 from attnlab.train.config import RunConfig
 from attnlab.utils import readers

@@ -7,9 +7,9 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from attnlab.bench.common import read_json
 from attnlab.demo.plan import LAYERS, STUDENTS, TRAINED
 from attnlab.report import build_report, collect
+from attnlab.results import read_json
 from attnlab.utils.io import atomic_write_json
 
 if TYPE_CHECKING:

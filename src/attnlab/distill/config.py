@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.bench.common import MIN_REPS
 from attnlab.config import ConfigError, PartSpec, apply_override, from_dict, load_yaml
 from attnlab.data.config import DataConfig
 from attnlab.distill.recipes import RECIPES, apply_recipe
+from attnlab.results import MIN_REPS
 
 
 @dataclasses.dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from attnlab.bench.plot import new_figure, save_figure
+from attnlab.results.figures import new_figure, save_figure
 
 
 def plot_curves(summary: dict[str, Any], path: str | Path) -> Path:

@@ -5,7 +5,7 @@ it, measured side by side with the dense teacher in one run.
 Quality: each setting on the same first ``eval_tokens`` held-out tokens. Cost: one forward of
 one held-out sequence of the distillation context per call, every setting and the teacher
 timed round-robin (``grid_reps`` rounds, medians) and its peak memory taken from one call
-(:func:`attnlab.bench.common.peak_memory_mb`: the allocator's peak on CUDA, the profiler's
+(:func:`attnlab.results.peak_memory_mb`: the allocator's peak on CUDA, the profiler's
 allocation trace on CPU); ratios are against the teacher measured in the same run.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnlab.bench.common import fwd, peak_memory_mb, time_side_by_side
 from attnlab.distill.config import DistillConfig
 from attnlab.distill.pair import DistillPair
+from attnlab.results import fwd, peak_memory_mb, time_side_by_side
 
 logger = logging.getLogger(__name__)
 

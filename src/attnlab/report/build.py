@@ -15,9 +15,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from attnlab.bench.attention import format_summary, summarize
-from attnlab.bench.common import format_table, machine_info
-from attnlab.bench.plot import machine_label, plot_scaling
 from attnlab.report import frontier
 from attnlab.report.curves import curves_table, plot_quality
 from attnlab.report.figures import (
@@ -38,6 +35,10 @@ from attnlab.report.tables import (
     sea_grid_table,
     students_table,
 )
+from attnlab.results import format_table, machine_info
+from attnlab.results import serve as serve_report
+from attnlab.results.figures import machine_label, plot_scaling
+from attnlab.results.scaling import format_summary, summarize
 from attnlab.utils.io import atomic_write_json, atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -211,8 +212,6 @@ def build_report(
                                                              figure, label)
         md += lines
     if serve:
-        from attnlab.bench import serve_report  # imports transformers
-
         md += ["## Serving: prefill and cached decoding", ""]
         for model, fingerprint in dict.fromkeys(map(model_of, serve)):
             md += [f"Model: {model_name(model, fingerprint)}.", "",

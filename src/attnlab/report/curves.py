@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.bench.plot import new_figure, save_figure
+from attnlab.results.figures import new_figure, save_figure
 from attnlab.train.runner import SUMMARY_FORMAT, read_metrics
 from attnlab.utils.readers import read_json
 

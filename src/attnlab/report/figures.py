@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.bench.common import Record
 from attnlab.report.curves import RunCurves
 from attnlab.report.inputs import ReportInputs
+from attnlab.results import Record
 
 
 def step_reaching(curve: Sequence[tuple[int, float]], target: float) -> float | None:

@@ -19,12 +19,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.bench.common import Record
-from attnlab.bench.plot import new_figure, save_figure
 from attnlab.config import PartSpec
 from attnlab.evals.variants import ORIGINAL
 from attnlab.layers.registry import keys_per_row
 from attnlab.report.inputs import model_name, model_of
+from attnlab.results import Record
+from attnlab.results.figures import new_figure, save_figure
+from attnlab.results.serve import summarize
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +35,6 @@ DECODE_BATCH = 1
 
 def _speeds(serve: Sequence[Record], dtype: str, batch: int) -> dict[tuple, dict[int, dict]]:
     """``{(core, keys per row): {seq_len: {decode_speedup, prefill_speedup}}}``."""
-    from attnlab.bench.serve_report import summarize  # imports transformers: only when used
-
     summary = summarize(serve)
     options = {r.name: r.shape.get("options", {}) for r in serve}
     out: dict[tuple, dict[int, dict]] = {}

@@ -4,7 +4,7 @@
   curves and the headline table;
 * run folders of ``attnlab distill`` (also ``distill.yaml``): teacher vs student quality and
   SEA's dynamic-k x query-skip grid;
-* bench JSON files (:mod:`attnlab.bench.common`): ``train`` records give the training step
+* bench JSON files (:mod:`attnlab.results`): ``train`` records give the training step
   times measured side by side (the wall-clock axis and every speed ratio of the headline),
   ``attention`` / ``attention-layer`` records the time and memory against sequence length,
   others a plain table; one file per kind, as ratios are only taken within one file;
@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from attnlab.bench.common import Record, read_json
 from attnlab.report.curves import RunCurves, read_run
+from attnlab.results import Record, read_json
 from attnlab.utils.readers import parse_json
 
 SCALING_BENCHES = ("attention-layer", "attention")

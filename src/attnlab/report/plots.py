@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.bench.plot import new_figure, save_figure
 from attnlab.report.figures import sea_grid_axes
+from attnlab.results.figures import new_figure, save_figure
 
 
 def _axis_scale(values: Sequence[float]) -> str:

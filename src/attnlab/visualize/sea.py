@@ -133,7 +133,7 @@ def draw_sea(maps: Sequence[SEAMaps], pairs: Sequence[tuple[int, int]], labels: 
     from matplotlib import colormaps
     from matplotlib.colors import LogNorm
 
-    from attnlab.bench.plot import new_figure, save_figure
+    from attnlab.results.figures import new_figure, save_figure
 
     by_layer = {m.layer: m for m in maps}
     fig, axes = new_figure(4, width=3.4, height=3.3, nrows=len(pairs), squeeze=False)

@@ -75,7 +75,7 @@ def draw_switchhead(choices: Sequence[ExpertChoices], pairs: Sequence[tuple[int,
     experts' load over the text. Writes a PNG."""
     import numpy as np
 
-    from attnlab.bench.plot import new_figure, save_figure
+    from attnlab.results.figures import new_figure, save_figure
 
     by_layer = {c.layer: c for c in choices}
     roles = list(choices[0].gates)

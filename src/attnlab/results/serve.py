@@ -8,10 +8,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.bench.common import Record
-from attnlab.bench.hf import BASELINE
-from attnlab.bench.plot import machine_label, require_matplotlib, save_figure
+from attnlab.results import Record
+from attnlab.results.figures import machine_label, require_matplotlib, save_figure
 
+BASELINE = "original"  # the unconverted model's records (``attnlab bench hf`` and ``serve``)
 DTYPE_ORDER = ("float32", "bfloat16", "float16")
 
 
@@ -108,7 +108,7 @@ def plot_decode(records: Sequence[Record], path: str | os.PathLike[str], *,
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-    from attnlab.bench.common import machine_info
+    from attnlab.results import machine_info
 
     decode = [r for r in records if r.shape["op"] == "decode" and r.skipped is None]
     dtypes = list(dict.fromkeys(r.shape["dtype"] for r in decode))

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.bench.common import Record
+from attnlab.results import Record
 from attnlab.utils.outputs import PNG_SOFTWARE
 
 MISSING = "plots need matplotlib: pip install 'attnlab[plot]'"
