@@ -1,6 +1,6 @@
-"""The README's examples, run as a user would: "your own variant" (its code block saved as a
-module, loaded with ``attnlab --plugin``, trained next to SwitchHead projections) and SEA's
-token importance (on a small SEA run)."""
+"""The documentation's examples, run as a user would: the README's "your own variant" (its code
+block saved as a module, loaded with ``attnlab --plugin``, trained next to SwitchHead
+projections) and SEA's token importance in docs/attention.md (on a small SEA run)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,17 @@ from attnlab.cli import main
 from attnlab.layers import POSITIONS, Attention, AttentionConfig, LayerContext
 from tests.helpers import dump_config
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+# where each example lives
+EXAMPLES = {"own-variant": README, "token-importance": ROOT / "docs" / "attention.md"}
 
 
 def example_code(name: str = "own-variant") -> str:
-    text = README.read_text()
+    page = EXAMPLES[name]
+    text = page.read_text()
     match = re.search(rf"<!-- example: {name} -->\n```python\n(.*?)```", text, re.S)
-    assert match, f"the README lost its {name} example"
+    assert match, f"{page.relative_to(ROOT)} lost its {name} example"
     return match.group(1)
 
 
@@ -76,6 +80,6 @@ def test_the_token_importance_example_runs(tiny_run_config, tmp_path, capsys):
     cfg["model"]["attention"]["core"] = {"name": "sea", "k": 4, "predictor_length": 8}
     train(load_run_config(base=cfg), tmp_path / "sea", progress=False)
     code = example_code("token-importance").replace('"runs/sea"', repr(str(tmp_path / "sea")))
-    exec(compile(code, "README token-importance example", "exec"), {})
+    exec(compile(code, "docs/attention.md token-importance example", "exec"), {})
     top = ast.literal_eval(capsys.readouterr().out.strip())
     assert len(top) == 5 and all(isinstance(token, str) for token in top)

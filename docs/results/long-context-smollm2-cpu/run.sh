@@ -4,7 +4,7 @@
 #   2. perplexity at 2048/4096 (every variant) and 8192 (oracle at 256 keys only: at 8k it
 #      costs minutes per forward),
 #   3. passkey retrieval at 2048 (20 prompts per depth; the oracle 5), 4096 (5) and 8192 (3):
-#      fewer than the protocol's 20 where a 2-core CPU has no time for them (see README).
+#      fewer than the protocol's 20 where a 2-core CPU has no time for them (see docs/long-context.md).
 # Decode batch 1 only: serve holds one random cache per model, 7 models x 2.9 GB at batch 8
 # and 8k would not fit in 24 GB.
 # Needs the long-context student: attnlab distill --config configs/smollm2/sea-long.yaml

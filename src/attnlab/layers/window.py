@@ -10,7 +10,7 @@ keys later queries can reach (:meth:`WindowCore.cache_columns`: the sinks and th
 the context and cached decoding still equals the full pass. In a Hugging Face model the KV
 cache belongs to the model (transformers' ``DynamicCache``) and keeps every key: the core
 reads only the sinks and the window from it, so the cost of a step is bounded but the memory
-is not (see the README's "window" notes).
+is not (see the "window" notes in docs/attention.md).
 """
 
 from __future__ import annotations
