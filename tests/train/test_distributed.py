@@ -211,8 +211,8 @@ def test_a_nan_loss_on_one_rank_stops_every_rank(tiny_run_config, tmp_path):
         env=ENV, capture_output=True, text=True, timeout=120,
     )
     # both ranks stop at the same step with the CLI's error (exit code 2), not a hang
-    message = ("error: loss became nan at step 13; stopping. The last good checkpoint is "
-               f"{out / 'checkpoints' / 'step-00000010'}")
+    message = ("error: training loss became nan at step 13; stopping. The last good checkpoint "
+               f"is {out / 'checkpoints' / 'step-00000010'}")
     assert proc.returncode != 0 and proc.stderr.count(message) == 2, proc.stderr[-3000:]
     assert proc.stderr.count("exitcode  : 2 (pid") == 2, proc.stderr[-3000:]
     assert latest_checkpoint(out).name == "step-00000010"

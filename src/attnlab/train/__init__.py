@@ -3,7 +3,8 @@
 from attnlab.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from attnlab.train.config import RunConfig, TrainConfig, load_run_config
 from attnlab.train.loop import RankFailure, train
-from attnlab.train.runner import RunDirError, RunInterrupted, TrainingDiverged
+from attnlab.train.runner import RunDirError
+from attnlab.train.steps import RunInterrupted, TrainingDiverged
 
 __all__ = [
     "CheckpointError",

@@ -1,10 +1,11 @@
 """The run skeleton shared by ``attnlab train`` and ``attnlab distill``.
 
-A loop file (:mod:`attnlab.train.loop`, :mod:`attnlab.distill.loop`) builds its model and
-optimizer, then hands one function, *one optimizer step*, to :class:`Runner`, which owns
-everything around it: the progress bar, the logged loss window, evaluation and checkpoint
-cadence, the divergence guard, the pause point and Ctrl-C / SIGTERM. :class:`RunFolder` owns
-the output folder's lifecycle:
+:class:`RunFolder` owns the output folder's lifecycle, :class:`MetricsLog` its
+``metrics.jsonl``, and :class:`Runner` runs a step loop around one function, *one optimizer
+step* (:mod:`attnlab.distill.loop`); :mod:`attnlab.train.loop` writes its own loop around the
+same bookkeeping (:class:`~attnlab.train.steps.StepTracker`: progress bar, logged loss
+window, evaluation and checkpoint cadence, divergence guard, pause point, Ctrl-C / SIGTERM).
+The folder's rules:
 
 - nothing is written before the config is validated and the model built (a config that
   fails leaves no folder, so the same ``--out`` works once it is fixed);
@@ -18,23 +19,19 @@ the output folder's lifecycle:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
-import math
 import resource
 import shutil
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
-from tqdm import tqdm
 
 from attnlab.train.checkpoint import latest_checkpoint
+from attnlab.train.steps import Cadence, StepResult, StepTracker
 from attnlab.utils.io import atomic_write_text, unwritable_reason
 from attnlab.utils.outputs import describe_folder
 from attnlab.utils.readers import read_json, read_jsonl
@@ -42,7 +39,6 @@ from attnlab.utils.readers import read_json, read_jsonl
 logger = logging.getLogger(__name__)
 
 CHANGES = "config_changes.jsonl"
-STOP_SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 RUN_KINDS = {"distill.yaml": "distillation", "config.yaml": "run"}
 """The file that marks each kind of run folder (a distillation of an attnlab teacher holds
 ``config.yaml`` too, so its own file is looked for first)."""
@@ -55,23 +51,6 @@ LINE_HINT = "; fix or remove that line"
 
 class RunDirError(RuntimeError):
     """The output folder already holds a run, holds none to resume, or cannot be written."""
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the last good checkpoint is kept."""
-
-
-class RunInterrupted(Exception):
-    """SIGINT or SIGTERM stopped the run after a step; a checkpoint of that step was saved.
-
-    ``exit_code`` is the shell's convention for the signal (130 for SIGINT, 143 for SIGTERM).
-    """
-
-    def __init__(self, signum: int, step: int, folder: Path) -> None:
-        self.signum, self.step, self.folder = signum, step, folder
-        self.exit_code = 128 + signum
-        super().__init__(f"stopped by {STOP_SIGNALS[signum]} after step {step}; its checkpoint "
-                         f"is saved in {folder}")
 
 
 def peak_rss_mb() -> float:
@@ -268,156 +247,32 @@ class MetricsLog:
             self.writer.close()
 
 
-@contextlib.contextmanager
-def stop_signals(enabled: bool) -> Iterator[dict[str, int]]:
-    """While inside: the first SIGINT / SIGTERM is recorded (``flag["signum"]``) instead of
-    stopping the process, so the step in progress can finish and be saved; a second one
-    stops at once. Only in the main thread, and only when ``enabled``."""
-    flag: dict[str, int] = {}
-    if not enabled or threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
-    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-
-    def record(signum: int, frame: Any) -> None:
-        flag["signum"] = signum
-        for other, handler in previous.items():
-            signal.signal(other, handler)
-        logger.warning("%s: finishing this step, then saving a checkpoint (again to stop at "
-                       "once)", STOP_SIGNALS[signum])
-
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, record)
-    try:
-        yield flag
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-@dataclasses.dataclass
-class StepResult:
-    """What one optimizer step reports: ``values`` (``"loss"`` first) are averaged over the
-    log window and logged, and the run stops when one is NaN or infinite; ``lr`` its rate."""
-
-    values: dict[str, float]
-    lr: float
-
-
-@dataclasses.dataclass
-class Cadence:
-    """When the runner logs, evaluates and checkpoints (0 = never, except at the end)."""
-
-    steps: int
-    log_every: int
-    eval_every: int
-    ckpt_every: int
-
-
-class Runner:
-    """Calls ``step_fn(step)`` until ``cadence.steps``, with everything around it.
-
-    ``save(step, state)`` writes a checkpoint (``state``: the runner's own, to hand back to
-    :meth:`restore`); ``evaluate()`` returns the ``eval_*`` fields of one held-out
-    evaluation; ``metrics`` is None on ranks that do not write. ``graceful_stop``: a first
-    SIGINT / SIGTERM saves the step and raises :class:`RunInterrupted`.
-    """
+class Runner(StepTracker):
+    """A :class:`StepTracker` that runs the step loop itself: :meth:`run` calls
+    ``step_fn(step)`` until ``cadence.steps``; ``evaluate()`` returns the ``eval_*`` fields
+    of one held-out evaluation."""
 
     def __init__(self, folder: RunFolder, cadence: Cadence, *, tokens_per_step: int,
                  save: Callable[[int, dict[str, Any]], None],
                  evaluate: Callable[[], dict[str, float]], metrics: MetricsLog | None,
                  what: str, divergence_hint: str, progress: bool = True,
                  graceful_stop: bool = True) -> None:
-        self.folder, self.cadence, self.tokens_per_step = folder, cadence, tokens_per_step
-        self._save, self.evaluate, self.metrics = save, evaluate, metrics
-        self.what, self.divergence_hint = what, divergence_hint
-        self.progress, self.graceful_stop = progress, graceful_stop
-        self.step, self.tokens, self.wall = 0, 0, 0.0
-        self.saved_step: int | None = None
-        self.started = time.perf_counter()
-
-    @property
-    def wall_s(self) -> float:
-        """Seconds since :meth:`run` started in this process (steps, evaluations, saves)."""
-        return time.perf_counter() - self.started
-
-    def state(self) -> dict[str, Any]:
-        return {"tokens": self.tokens, "train_wall_s": self.wall}
-
-    def restore(self, step: int, state: dict[str, Any]) -> None:
-        """Continue from a checkpoint of ``step`` holding :meth:`state`."""
-        self.step, self.saved_step = step, step
-        self.tokens = state.get("tokens", step * self.tokens_per_step)
-        self.wall = state.get("train_wall_s", state.get("wall_s", 0.0))
-
-    def save(self) -> None:
-        if self.saved_step != self.step:
-            self._save(self.step, self.state())
-            self.saved_step = self.step
-
-    def log(self, record: dict[str, Any]) -> None:
-        if self.metrics is not None:
-            self.metrics.write(record)
+        super().__init__(folder, cadence, tokens_per_step=tokens_per_step, save=save,
+                         metrics=metrics, what=what, divergence_hint=divergence_hint,
+                         progress=progress, graceful_stop=graceful_stop)
+        self.evaluate = evaluate
 
     def run(self, step_fn: Callable[[int], StepResult], pause_at: int | None = None) -> bool:
         """Train to the end (True) or to ``pause_at`` (False); a checkpoint at either."""
-        c = self.cadence
-        self.started = time.perf_counter()
-        window: list[tuple[StepResult, float]] = []
-        with stop_signals(self.graceful_stop) as stop, tqdm(
-                total=c.steps, initial=self.step, disable=not self.progress, unit="step",
-                dynamic_ncols=True) as bar:
-            while self.step < c.steps:
-                step_start = time.perf_counter()
-                result = step_fn(self.step)
-                elapsed = time.perf_counter() - step_start
-                self._check_finite(result.values)
-                self.step += 1
-                self.tokens += self.tokens_per_step
-                self.wall += elapsed
-                window.append((result, elapsed))
-                if self.step % c.log_every == 0 or self.step == c.steps:
-                    record = self._window_record(window)
-                    self.log(record)
-                    bar.set_postfix(loss=f"{record['loss']:.3f}",
-                                    tok_s=f"{record['tokens_per_s']:.0f}")
-                    window = []
-                if c.eval_every and self.step % c.eval_every == 0 and self.step < c.steps:
-                    result_eval = self.evaluate()
-                    self.log({"step": self.step, **result_eval})
-                    logger.info("step %d: %s", self.step, ", ".join(
-                        f"{k} {v:.4g}" for k, v in result_eval.items()))
-                if c.ckpt_every and self.step % c.ckpt_every == 0:
+        with self.session():
+            while self.step < self.cadence.steps:
+                start = time.perf_counter()
+                self.count(step_fn(self.step), time.perf_counter() - start)
+                if self.eval_due():
+                    self.log_eval(self.evaluate())
+                if self.ckpt_due():
                     self.save()
-                bar.update(1)
-                if "signum" in stop:
-                    self.save()
-                    raise RunInterrupted(stop["signum"], self.step, self.folder.path)
-                if pause_at is not None and pause_at <= self.step < c.steps:
-                    self.save()
+                if self.end_step(pause_at):
                     return False
         self.save()
         return True
-
-    def _check_finite(self, values: dict[str, float]) -> None:
-        for name, value in values.items():
-            if math.isfinite(value):
-                continue
-            last = latest_checkpoint(self.folder.path) if self.folder.path.exists() else None
-            raise TrainingDiverged(
-                f"{self.what} {name} became {value} at step {self.step}; stopping. The last good "
-                f"checkpoint is {last or 'none (no checkpoint written yet)'}. "
-                f"{self.divergence_hint}"
-            )
-
-    def _window_record(self, window: list[tuple[StepResult, float]]) -> dict[str, Any]:
-        """The logged record: the window's mean values, the last rate, throughput."""
-        n = len(window)
-        record: dict[str, Any] = {"step": self.step}
-        for key in window[-1][0].values:
-            record[key] = sum(r.values[key] for r, _ in window) / n
-        seconds = sum(t for _, t in window)
-        record.update(lr=window[-1][0].lr, tokens=self.tokens,
-                      tokens_per_s=n * self.tokens_per_step / max(seconds, 1e-9),
-                      wall_s=self.wall_s)
-        return record
