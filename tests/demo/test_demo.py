@@ -18,6 +18,7 @@ from attnlab.demo.plan import (
     BUDGET_MINUTES,
     DISTILL_STEP_FACTORS,
     FULL,
+    LAYERS,
     REAL_MODEL_MINUTES,
     SAFETY,
     SMOKE,
@@ -33,7 +34,8 @@ from attnlab.demo.plan import (
     train_seconds,
 )
 from attnlab.demo.run import run_demo
-from attnlab.demo.summary import shortfalls
+from attnlab.demo.stages import train as train_stage
+from attnlab.demo.stages.report import shortfalls
 from attnlab.report import compact_table
 from attnlab.results import read_json
 from attnlab.train import RunDirError, load_run_config
@@ -333,13 +335,13 @@ def run_slow(tmp_path, monkeypatch, strict_budget=False, real_model="auto"):
     when a run starts (the probe, timed for real, knows nothing of it)."""
     pytest.importorskip("matplotlib")
     jump = [0.0]
-    real_train = demo_run.train
+    real_train = train_stage.train
 
     def slow_train(*args, **kwargs):
         jump[0] += 400.0
         return real_train(*args, **kwargs)
 
-    monkeypatch.setattr(demo_run, "train", slow_train)
+    monkeypatch.setattr(train_stage, "train", slow_train)
     out = tmp_path / "demo"
     results = run_demo(out, scale="smoke", progress=False, strict_budget=strict_budget,
                        train_jobs=1, real_model=real_model,
@@ -400,5 +402,5 @@ def test_shortfalls_name_each_figure_below_its_minimum(smoke_demo):
                                                                            ["performer"]]
     enough = shortfalls(demo, {"train_tokens": 400_000, "distill_steps": 80})
     assert [(f["stage"], f["names"]) for f in enough] == [
-        ("distillation", ["performer"]), ("benchmark", list(demo_run.LAYERS))]
+        ("distillation", ["performer"]), ("benchmark", list(LAYERS))]
     assert "performer had not converged after 80 steps" in enough[0]["reason"]

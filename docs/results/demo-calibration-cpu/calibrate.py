@@ -14,13 +14,15 @@ from attnlab.demo.budget import Budget
 from attnlab.demo.plan import FULL
 from attnlab.demo.run import Demo
 from attnlab.distill import distill
+from attnlab.train import train
 
 logging.basicConfig(level=logging.INFO)
 out = Path("runs/demo-calibration")
 demo = Demo(out, FULL, Budget(float("inf")), "cpu", progress=True)
-demo.train_model("dense-h8-rope", 343)
+teacher = "dense-h8-rope"
+train(demo.trained_config(teacher, ("train.steps=343",)), out / "runs" / teacher, progress=True)
 for name in ("sea", "performer"):
-    cfg = demo.distill_config(name, 160)
+    cfg = demo.distillation.config(name, 160)
     cfg = dataclasses.replace(cfg, distill=dataclasses.replace(
         cfg.distill, eval_every=10, eval_tokens=8192, ckpt_every=1000))
     distill(cfg, out / "runs" / name, resume=False, progress=True)

@@ -19,7 +19,7 @@ comes from). The training steps, equal for every model (same tokens), are what f
 evaluations included, never below the minimum. Distillation steps are planned the same way
 from the time left once training is done. The planner's predictions and the functions that
 invert them (:func:`train_seconds`, :func:`distill_seconds`) let the demo re-plan after every
-stage from the pace it measured (:mod:`attnlab.demo.run`).
+stage from the pace it measured (:mod:`attnlab.demo.stages`).
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ DISTILL_STEP_FACTORS: dict[str, float] = {"sea": 1.5, "performer": 1.0}
 and k and are recomputed in backward. Solved from two demos of 2026-12-04 on the reference
 machine (113 and 115 steps; the first in docs/results/demo-calibration-cpu/demo-distill-
 factors.json): SEA 1.65 and 1.35, Performer 0.95 and 1.0 against the probe
-(:meth:`attnlab.demo.run.Demo.probe`); the first calibration's 1.8 for both left a quarter of
-the distillation's time unused."""
+(:class:`attnlab.demo.stages.probe.ProbeStage`); the first calibration's 1.8 for both left a
+quarter of the distillation's time unused."""
 
 SAFETY = 0.92
 """The planners fill this fraction of the seconds they are given (step times drift)."""
@@ -211,8 +211,8 @@ runs (students are probed in float32 whatever ``--precision``)."""
 
 REFERENCE_PROBE_S = 0.170
 """The reference machine's probed training step of :data:`SPEED_PROBE` (2-core EPYC, fp32;
-midpoint of median and fastest, as :meth:`attnlab.demo.run.Demo.probe` reads it) in the run
-whose benchmark took ``FULL.bench_reference_s`` (docs/results/demo-cpu)."""
+midpoint of median and fastest, as :class:`attnlab.demo.stages.probe.ProbeStage` reads it) in
+the run whose benchmark took ``FULL.bench_reference_s`` (docs/results/demo-cpu)."""
 
 
 def bench_min_seconds(scale: Scale, speed_step_s: float, cuda: bool) -> float:
@@ -242,7 +242,8 @@ def _train_evals(scale: Scale, tokens_per_step: int) -> float:
 class Lanes:
     """How the trained models share the machine: up to ``jobs`` training runs at once, of
     which ``cores`` can run at full speed (more share the cores). The step times planned with
-    are those measured in the same arrangement (:meth:`attnlab.demo.run.Demo.probe`)."""
+    are those measured in the same arrangement
+    (:meth:`attnlab.demo.stages.probe.ProbeStage.choose_lanes`)."""
 
     jobs: int = 1
     cores: int = 1

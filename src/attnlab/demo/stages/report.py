@@ -1,5 +1,7 @@
-"""What ``attnlab demo`` says about its run: the figures below their stage's minimum, the notes
-on how the models compare and how they trained, ``demo.json`` and the report."""
+"""Stage 6, the report: what ``attnlab demo`` says about its run (the figures below their
+stage's minimum, the notes on how the models compare and how they trained), ``demo.json``
+(budget, stage times, minimums, shortfalls, decisions, notes), then ``report.md``, the PNGs
+and ``results.json`` (:func:`attnlab.report.build_report`)."""
 
 from __future__ import annotations
 
@@ -8,12 +10,13 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from attnlab.demo.plan import LAYERS, STUDENTS, TRAINED
+from attnlab.demo.stages.base import Stage
 from attnlab.report import build_report, collect
 from attnlab.results import read_json
 from attnlab.utils.io import atomic_write_json
 
 if TYPE_CHECKING:
-    from attnlab.demo.run import Demo
+    from attnlab.demo.context import Demo
 
 logger = logging.getLogger(__name__)
 
@@ -108,3 +111,18 @@ def training_note(demo: Demo, plan: dict[str, Any]) -> str:
                  f"x{replanned['pace']:.2f} the probe's pace: {replanned['probe_steps']} "
                  f"steps planned from the probe, {plan['train_steps']} trained.")
     return note
+
+
+class ReportStage(Stage):
+    """``demo.json`` and the report, written again by every invocation (from what every stage
+    left in ``out``); it keeps ``report_reserve_s`` of the budget."""
+
+    name = "report"
+
+    def minimum_s(self) -> float:
+        """The time kept for the report (``report_reserve_s``)."""
+        return self.demo.scale.report_reserve_s
+
+    def run(self, part: str) -> dict[str, Any]:
+        """The report's results dict."""
+        return write_report(self.demo, self.demo.plan)
