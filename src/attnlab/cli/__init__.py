@@ -75,6 +75,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``attnlab`` with ``argv`` (default: the command line) and return the exit status:
+    the command's own, or on a stop 2 for a user's mistake (one ``error:`` line), 1 for a
+    failed training process of the demo, 130 for Ctrl-C (a saved, resumable run: its own)."""
     args = build_parser().parse_args(argv)
     from attnlab.train.distributed import is_main_process
 

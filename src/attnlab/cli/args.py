@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 from attnlab.config import builtin_config
 
 
 def resolve_config_path(value: str) -> Path:
+    """``value`` as a path: a YAML file's (or an existing path) as given, else the built-in
+    config of that name."""
     path = Path(value)
     if path.suffix in (".yaml", ".yml") or path.exists():
         return path
     return builtin_config(value)
 
 
-def number(kind: type, low: float | None = None, *, above: float | None = None):
+def number(kind: type, low: float | None = None, *,
+           above: float | None = None) -> Callable[[str], int | float]:
     """An argparse type: a ``kind`` number ``>= low`` (or ``> above``)."""
     def parse(value: str) -> int | float:
         try:
@@ -38,7 +42,7 @@ def number(kind: type, low: float | None = None, *, above: float | None = None):
     return parse
 
 
-def at_least(low: int):
+def at_least(low: int) -> Callable[[str], int | float]:
     """An argparse type: an integer ``>= low``."""
     return number(int, low)
 
@@ -56,7 +60,7 @@ def layer_or_all(value: str) -> int | None:
 MIN_REPS = 5  # attnlab.results.MIN_REPS, spelled out: that module imports torch
 
 
-def csv_list(kind: type, low: float | None = None):
+def csv_list(kind: type, low: float | None = None) -> Callable[[str], list]:
     """An argparse type: a comma-separated list of ``kind`` values (each ``>= low`` when
     given)."""
     item = number(kind, low) if kind in (int, float) else kind
