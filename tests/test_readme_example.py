@@ -68,6 +68,18 @@ def test_a_registered_variant_trains_from_the_cli(plugin, tiny_run_config, tmp_p
                                rtol=0, atol=1e-12)
 
 
+def test_attnlab_macs_counts_the_registered_variant(plugin, tmp_path, capsys):
+    def floats(positions):
+        config = dump_config({"model": {"d_model": 64, "n_layers": 2, "attention": {
+            "n_heads": 2, "positions": positions, "core": "eager"}},
+            "train": {"seq_len": 64}}, tmp_path / "macs.yaml")
+        assert main(["--plugin", plugin, "macs", "--config", str(config), "--json"]) == 0
+        return json.loads(capsys.readouterr().out)["attention_memory_floats"]
+
+    # its declared cost: one [H, T, Tk] bias table more than no positions
+    assert floats({"name": "log_decay", "rate": 0.3}) - floats("none") == 2 * 64 * 64
+
+
 def test_an_unknown_plugin_is_one_line(capsys):
     assert main(["--plugin", "no_such_variants", "macs", "--config", "tiny"]) == 2
     assert "--plugin no_such_variants: cannot import it" in capsys.readouterr().err

@@ -266,7 +266,7 @@ def run_layers(
     ``seq_len``, ``d_model``, ``batch``, then (after the ratios) the layer's ``attention``
     config and ``macs``, its forward MACs (:func:`attnlab.metrics.exact_attention_cost`; None
     for cores without MAC accounting)."""
-    from attnlab.metrics.macs import SOFTMAX_CORES, exact_attention_cost
+    from attnlab.metrics.macs import counted, exact_attention_cost
     from attnlab.models.lm import Block
 
     names = list(models)
@@ -303,10 +303,11 @@ def run_layers(
         cfg = models[r.name]
         att = cfg.attention
         macs = None
-        if att.core.name in SOFTMAX_CORES:
+        if counted(att.projections, att.positions, att.core):
             macs = exact_attention_cost(att.projections, att.positions, d_model=d_model,
                                         n_heads=att.n_heads, d_head=cfg.d_head,
-                                        seq_len=r.shape["seq_len"], memory_len=0)["macs"]
+                                        seq_len=r.shape["seq_len"], memory_len=0,
+                                        core=att.core)["macs"]
         r.shape = {**r.shape, "attention": to_dict(att), "macs": macs}
     if json_path is not None:
         write_json(json_path, records, summary=summarize(records))

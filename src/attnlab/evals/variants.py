@@ -11,10 +11,12 @@ A variant is given as YAML (from the CLI or a config):
   weights of its own (``weights_option``), loaded from a shipped set or a file; refused
   without them;
 * ``{name: sea, student: FOLDER, k: 256}``: a distilled student folder (``attnlab distill``'s
-  ``OUT/student``) of the same model, at SEA key budget ``k`` (dynamic k; default: as saved).
-  Its SEA position tables were trained on the first ``trained_len`` ranks (recorded by
-  ``attnlab distill``; give ``trained_len`` for older folders) and are stretched by nearest
-  neighbour past that (:class:`attnlab.evals.models.Models`).
+  ``OUT/student``) of the same model, named by the core it was distilled to (its config
+  records it); a core that retunes its budget at inference (``tunable_inference``: SEA's
+  ``k``) takes its budget options (default: as saved). Its SEA position tables were trained
+  on the first ``trained_len`` ranks (recorded by ``attnlab distill``; give ``trained_len``
+  for older folders) and are stretched by nearest neighbour past that
+  (:class:`attnlab.evals.models.Models`).
 
 Any variant may set ``label`` (default: derived from the spec, e.g. ``window 256``, or
 ``oracle p16 256`` where the spec sets a ``page`` size other than the core's default).
@@ -110,19 +112,21 @@ def parse_variant(spec: Any) -> Variant:
                 f"an untrained {name}'s, not {name}'s; distil a student first (attnlab distill "
                 f"--teacher MODEL --student-attention {name} --out OUT) and give '{{name: "
                 f"{name}, student: OUT/student}}'")
-    elif name != "sea" or set(options) - {"k"}:
-        raise ConfigError(f"variant {spec!r}: a student folder takes name 'sea' and at most "
-                          "option k (its other options are saved with it)")
-    else:  # its budget as saved unless k is given (None: SEA's default, as it ran)
-        saved = _saved_options(spec, Path(student))
-        options = {"k": saved["k"], **options} if "k" in saved else options
+    elif name not in CORES.names() or set(options) - set(_retunable(name)):
+        raise ConfigError(f"variant {spec!r}: a student folder takes the name of the core it "
+                          f"was distilled to and at most the options it retunes at inference "
+                          f"({list(_retunable(name)) if name in CORES.names() else 'none'}; "
+                          "its other options are saved with it)")
+    else:  # its budget as saved unless given (None: the core's default, as it ran)
+        saved = _saved_options(spec, name, Path(student))
+        options = {**{k: saved[k] for k in _retunable(name) if k in saved}, **options}
     variant = Variant(label or "", name, options, student, trained_len)
     return dataclasses.replace(variant, label=label or _label(variant))
 
 
 def _label(variant: Variant) -> str:
     budget = variant.keys_per_row
-    name = "sea student" if variant.student else str(variant.core)
+    name = f"{variant.core} student" if variant.student else str(variant.core)
     page = variant.options.get("page")
     if page is not None and variant.core is not None:
         default = getattr(CORES.options(PartSpec(variant.core, {})), "page", None)
@@ -131,9 +135,15 @@ def _label(variant: Variant) -> str:
     return f"{name} {budget}" if budget else name
 
 
-def _saved_options(spec: Any, student: Path) -> dict[str, Any]:
-    """The SEA options a student folder's ``config.json`` records (``attnlab.hf.convert``'s
-    entry); ``ConfigError`` when it is no SEA student."""
+def _retunable(core: str) -> tuple[str, ...]:
+    """The options of a distilled ``core`` that a variant may change: its budget, when the
+    core retunes it at inference (``tunable_inference``; SEA's k)."""
+    return CORES.trait(core, "budget") if CORES.trait(core, "tunable_inference") else ()
+
+
+def _saved_options(spec: Any, core: str, student: Path) -> dict[str, Any]:
+    """The options of ``core`` a student folder's ``config.json`` records
+    (``attnlab.hf.convert``'s entry); ``ConfigError`` when it is no student of that core."""
     from attnlab.hf.convert import CONFIG_KEY  # imports transformers: only for a student
 
     config = student / "config.json"
@@ -145,8 +155,8 @@ def _saved_options(spec: Any, student: Path) -> dict[str, Any]:
     except (OSError, ValueError) as err:
         raise ConfigError(f"variant {spec!r}: {config} cannot be read ({err}); give attnlab "
                           "distill's OUT/student") from err
-    if entry.get("core") != "sea":
-        raise ConfigError(f"variant {spec!r}: {student} is not a SEA student (its config "
+    if entry.get("core") != core:
+        raise ConfigError(f"variant {spec!r}: {student} is not a {core} student (its config "
                           f"records core {entry.get('core')!r}); give attnlab distill's "
-                          "OUT/student of a SEA distillation")
+                          f"OUT/student of a {core} distillation")
     return dict(entry.get("options") or {})

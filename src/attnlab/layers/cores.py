@@ -10,6 +10,7 @@ from torch import Tensor
 
 from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
 from attnlab.layers.bias import ScoreBias
+from attnlab.layers.cost import dense_scores_cost
 from attnlab.layers.registry import CORES
 from attnlab.ops.attention import sdpa_attention, softmax_attention
 from attnlab.ops.attention.activations import check_activation
@@ -83,13 +84,14 @@ class DenseCore(AttentionCore):
         return weights
 
 
-@CORES.register("sdpa", ScoreOptions, score_bias=True, dropout=True)
+@CORES.register("sdpa", ScoreOptions, score_bias=True, dropout=True,
+                cost=dense_scores_cost)
 def _sdpa(ctx: LayerContext, options: ScoreOptions, dropout: float) -> DenseCore:
     """PyTorch scaled_dot_product_attention (flash / memory-efficient kernels)."""
     return DenseCore(ctx, options, dropout, sdpa_attention)
 
 
-@CORES.register("eager", ScoreOptions, score_bias=True, dropout=True)
+@CORES.register("eager", ScoreOptions, score_bias=True, dropout=True, cost=dense_scores_cost)
 def _eager(ctx: LayerContext, options: ScoreOptions, dropout: float) -> DenseCore:
     """Explicit activation(q k^T) v with the full score matrix (the reference)."""
     return DenseCore(ctx, options, dropout, softmax_attention)

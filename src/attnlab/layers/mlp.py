@@ -52,7 +52,7 @@ class DenseMLP(nn.Module):
         return self.down(self.dropout(self.act(self.up(x)))), {}
 
 
-@MLPS.register("dense", DenseMLPOptions)
+@MLPS.register("dense", DenseMLPOptions, macs_per_token=lambda d, d_ff, options: 2 * d * d_ff)
 def _dense(ctx: MLPContext, options: DenseMLPOptions) -> DenseMLP:
     """Two-layer dense feed-forward block."""
     return DenseMLP(ctx, options)
@@ -75,7 +75,8 @@ class SwiGLUMLP(nn.Module):
         return self.down(self.dropout(F.silu(self.gate(x)) * self.up(x))), {}
 
 
-@MLPS.register("swiglu", NoOptions)
+@MLPS.register("swiglu", NoOptions,  # gate, up and down
+               macs_per_token=lambda d, d_ff, options: 3 * d * d_ff)
 def _swiglu(ctx: MLPContext, options: NoOptions) -> SwiGLUMLP:
     """SwiGLU feed-forward block (Llama's)."""
     return SwiGLUMLP(ctx, options)

@@ -21,9 +21,11 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.layers.base import Aux, LayerContext, Projected, Projections, init_linear_
+from attnlab.layers.cost import Cost, LayerShape
 from attnlab.layers.projections import split_heads
 from attnlab.layers.registry import PROJECTIONS
 from attnlab.layers.switchhead import expert_mm, init_selection_, select_experts, selection_logits
+from attnlab.ops.expert_matmul import expert_matmul_macs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +105,16 @@ class MoAProjections(Projections):
         return y.view(b, t, -1), {}
 
 
-@PROJECTIONS.register("moa", MoAOptions)
+def moa_cost(s: LayerShape, opts: MoAOptions) -> Cost:
+    """MACs and output floats of MoA: router, H chosen Q/O experts, shared K and V."""
+    macs = (s.t * s.d * opts.n_experts
+            + expert_matmul_macs(s.t, s.h, 1, s.d, s.dh, "slots", gated=False)
+            + 2 * s.t * s.d * s.dh
+            + expert_matmul_macs(s.t, s.h, 1, s.dh, s.d, "all"))
+    return macs, 2 * s.t * s.h * s.dh + 2 * s.t * s.dh + s.t * opts.n_experts
+
+
+@PROJECTIONS.register("moa", MoAOptions, cost=moa_cost)
 def _moa(ctx: LayerContext, options: MoAOptions) -> MoAProjections:
     """Mixture of attention heads: routed query/output experts, one shared K and V."""
     return MoAProjections(ctx, options)

@@ -82,7 +82,7 @@ class OracleCore(AttentionCore):
                                            else score_bias.dense()))
 
 
-@CORES.register("oracle", OracleOptions, score_bias=True, budget=("k",))
+@CORES.register("oracle", OracleOptions, score_bias=True, budget=("k",), marker="^")
 def _oracle(ctx: LayerContext, options: OracleOptions, dropout: float) -> OracleCore:
     """Exact attention over each row's k keys of most attention: the ceiling of key selection."""
     return OracleCore(options, ctx.causal)

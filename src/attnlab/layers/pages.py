@@ -157,20 +157,20 @@ def _build(ctx: LayerContext, options: PageOptions, scorer: str | PageScorer) ->
     return PageCore(options, scorer, ctx.causal, dense=ctx.layer_idx < options.dense_layers)
 
 
-@CORES.register("quest", PageOptions, score_bias=True, budget=("budget",))
+@CORES.register("quest", PageOptions, score_bias=True, budget=("budget",), marker="v")
 def _quest(ctx: LayerContext, options: PageOptions, dropout: float) -> PageCore:
     """Quest: pages of keys scored by their min/max bound, the best kept per KV head."""
     return _build(ctx, options, "quest")
 
 
-@CORES.register("block", BlockOptions, score_bias=True, budget=("budget",))
+@CORES.register("block", BlockOptions, score_bias=True, budget=("budget",), marker="P")
 def _block(ctx: LayerContext, options: BlockOptions, dropout: float) -> PageCore:
     """Block top-k (InfLLM / MoBA): key blocks scored by their mean key, kept per KV head."""
     return _build(ctx, options, "mean")
 
 
 @CORES.register("sea_pages", EstimatedPageOptions, score_bias=True, approximate=True,
-                budget=("budget",), weights_option="estimators")
+                budget=("budget",), weights_option="estimators", marker="h")
 def _sea_pages(ctx: LayerContext, options: EstimatedPageOptions, dropout: float) -> PageCore:
     """SEA with fixed-size bins: pages scored by a distilled estimator, kept per KV head."""
     estimator = PageEstimator(ctx.n_heads, ctx.d_head, options.width, options.distance_buckets,

@@ -227,7 +227,7 @@ class PerformerCore(AttentionCore):
         return CoreOutput(out, state=new_state)
 
 
-@CORES.register("performer", PerformerOptions, approximate=True)
+@CORES.register("performer", PerformerOptions, approximate=True, marker="D")
 def _performer(ctx: LayerContext, options: PerformerOptions, dropout: float) -> PerformerCore:
     """Performer / FAVOR+ linear attention (softmax or generalised ReLU random features)."""
     return PerformerCore(ctx, options)

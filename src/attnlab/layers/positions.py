@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from attnlab.layers.base import LayerContext, Positions, init_linear_
 from attnlab.layers.bias import ScoreBias
+from attnlab.layers.cost import Cost, LayerShape, bias_table_cost, no_cost
 from attnlab.layers.registry import POSITIONS, NoOptions
 from attnlab.ops.attention.bias import DistanceBias
 
@@ -24,13 +25,13 @@ class LearnedAbsolutePositions(Positions):
     """
 
 
-@POSITIONS.register("none", NoOptions)
+@POSITIONS.register("none", NoOptions, cost=no_cost)
 def _none(ctx: LayerContext, options: NoOptions) -> Positions:
     """No positional encoding."""
     return NoPositions()
 
 
-@POSITIONS.register("learned", NoOptions, input_embedding=True)
+@POSITIONS.register("learned", NoOptions, input_embedding=True, cost=no_cost)
 def _learned(ctx: LayerContext, options: NoOptions) -> Positions:
     """Learned absolute position embeddings added at the input."""
     return LearnedAbsolutePositions()
@@ -95,7 +96,7 @@ class RotaryPositions(Positions):
                 rotate_half_split(k, k_positions, inv_freq))
 
 
-@POSITIONS.register("rope", RopeOptions)
+@POSITIONS.register("rope", RopeOptions, cost=no_cost)
 def _rope(ctx: LayerContext, options: RopeOptions) -> Positions:
     """Rotary position embeddings on q and k."""
     return RotaryPositions(ctx.d_head, options)
@@ -162,7 +163,18 @@ class XLRelativePositions(Positions):
         return ScoreBias(bias, b, h, t_q, k.shape[-2], q.device)
 
 
-@POSITIONS.register("xl", XLOptions, score_bias=True)
+def xl_cost(s: LayerShape, options: XLOptions) -> Cost:
+    """MACs and floats of ``XLRelativePositions.score_bias``: the projection of the distances
+    ``0 .. Tk - 1`` (``-(T - 1) .. Tk - 1`` if not causal), the ``q . r`` table, the ``u . k``
+    term with ``content_bias``, and the gathered ``[H, T, Tk]`` bias."""
+    n_dist = s.tk if s.causal else s.tk + s.t - 1
+    macs = n_dist * s.d * s.h * s.dh + s.h * s.t * n_dist * s.dh
+    if options.content_bias:
+        macs += s.h * s.tk * s.dh
+    return macs, n_dist * s.h * s.dh + s.h * s.t * n_dist + s.h * s.t * s.tk
+
+
+@POSITIONS.register("xl", XLOptions, score_bias=True, cost=xl_cost)
 def _xl(ctx: LayerContext, options: XLOptions) -> Positions:
     """Transformer-XL relative positional scores (for use with a memory of past chunks)."""
     return XLRelativePositions(ctx, options)
@@ -218,7 +230,7 @@ class AlibiPositions(Positions):
         return ScoreBias(bias, 1, q.shape[1], q.shape[-2], k.shape[-2], q.device)
 
 
-@POSITIONS.register("alibi", AlibiOptions, score_bias=True)
+@POSITIONS.register("alibi", AlibiOptions, score_bias=True, cost=bias_table_cost)
 def _alibi(ctx: LayerContext, options: AlibiOptions) -> Positions:
     """ALiBi: per-head linear distance penalties on the scores (no learned parameters)."""
     return AlibiPositions(ctx, options)

@@ -7,6 +7,7 @@ import dataclasses
 from torch import Tensor, nn
 
 from attnlab.layers.base import Aux, LayerContext, Projected, Projections, init_linear_
+from attnlab.layers.cost import Cost, LayerShape
 from attnlab.layers.registry import PROJECTIONS
 
 
@@ -65,7 +66,13 @@ class DenseProjections(Projections):
         return self.o_proj(merge_heads(o)), {}
 
 
-@PROJECTIONS.register("dense", DenseOptions)
+def dense_cost(s: LayerShape, options: DenseOptions) -> Cost:
+    """MACs and output floats of dense Q/K/V/O (grouped-query when ``n_kv_heads`` < H)."""
+    hk = options.n_kv_heads or s.h
+    return s.t * s.d * s.dh * (2 * s.h + 2 * hk), s.t * s.dh * (2 * s.h + 2 * hk)
+
+
+@PROJECTIONS.register("dense", DenseOptions, cost=dense_cost)
 def _dense(ctx: LayerContext, options: DenseOptions) -> DenseProjections:
     """Dense multi-head (or grouped-query) Q/K/V/O projections."""
     return DenseProjections(ctx, options)

@@ -95,10 +95,13 @@ class Registry(Generic[P]):
         return part
 
 
-PROJECTIONS: Registry[Any] = Registry("projections")
+COST = (None, "cost(LayerShape, options) -> (MACs, floats) of one layer's forward "
+               "(attnlab.layers.cost); none: attnlab macs does not count it")
+PROJECTIONS: Registry[Any] = Registry("projections", {"cost": COST})
 POSITIONS: Registry[Any] = Registry("positions", {
     "score_bias": (False, "returns a ScoreBias: needs a core with the score_bias trait"),
     "input_embedding": (False, "a table added at the model input (the model owns it)"),
+    "cost": COST,
 })
 CORES: Registry[Any] = Registry("core", {
     "score_bias": (False, "adds a ScoreBias from the positions to its scores"),
@@ -112,8 +115,13 @@ CORES: Registry[Any] = Registry("core", {
                              "than its initialisation (evaluations refuse it without)"),
     "budget": ((), "the options whose sum is the keys each query row attends to per head "
                    "(none: every key)"),
+    "cost": COST,
+    "marker": ("x", "the matplotlib marker of its points in the report's figures"),
 })
-MLPS: Registry[Any] = Registry("mlp")
+MLPS: Registry[Any] = Registry("mlp", {
+    "macs_per_token": (None, "macs_per_token(d_model, d_ff, options) -> forward MACs of one "
+                             "token; none: attnlab macs does not count it"),
+})
 
 
 def keys_per_row(spec: PartSpec) -> int | None:

@@ -19,6 +19,7 @@ from attnlab.layers.base import Aux, init_linear_
 from attnlab.layers.mlp import ACTIVATIONS, MLPContext
 from attnlab.layers.registry import MLPS
 from attnlab.layers.switchhead import expert_mm, init_selection_, select_experts, selection_logits
+from attnlab.ops.expert_matmul import expert_matmul_macs
 
 ENTROPY_KEY = "sigma_moe_entropy_reg"
 
@@ -111,7 +112,16 @@ class SigmaMoE(nn.Module):
         return y.view(x.shape), aux
 
 
-@MLPS.register("sigma_moe", SigmaMoEOptions)
+def sigma_moe_macs_per_token(d_model: int, d_ff: int, opts: SigmaMoEOptions) -> int:
+    """Useful forward MACs of one token: the selection and the k chosen experts' up and
+    down projections."""
+    size = opts.expert_size or d_ff // opts.n_experts
+    return (d_model * opts.n_experts
+            + expert_matmul_macs(1, 1, opts.k, d_model, size, "none")
+            + expert_matmul_macs(1, opts.k, 1, size, d_model, "all"))
+
+
+@MLPS.register("sigma_moe", SigmaMoEOptions, macs_per_token=sigma_moe_macs_per_token)
 def _sigma_moe(ctx: MLPContext, options: SigmaMoEOptions) -> SigmaMoE:
     """sigma-MoE: sigmoid-gated top-k mixture of small ReLU experts."""
     return SigmaMoE(ctx, options)

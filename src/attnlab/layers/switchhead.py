@@ -29,9 +29,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.layers.base import Aux, LayerContext, Projected, Projections, init_linear_
+from attnlab.layers.cost import Cost, LayerShape
 from attnlab.layers.projections import merge_heads, split_heads
 from attnlab.layers.registry import PROJECTIONS
-from attnlab.ops.expert_matmul import expert_matmul
+from attnlab.ops.expert_matmul import expert_matmul, expert_matmul_macs
 
 SELECTIONS = ("sigmoid", "softmax")
 
@@ -284,7 +285,33 @@ class SwitchHeadProjections(Projections):
         return y.view(b, t, -1), {}
 
 
-@PROJECTIONS.register("switchhead", SwitchHeadOptions)
+def n_selections(opts: SwitchHeadOptions) -> int:
+    """How many ``[H*E, d]`` selection matrices SwitchHead projections with ``opts`` build."""
+    separate = opts.separate_kq_selection
+    v_expert = opts.expert_v and opts.n_experts > 1
+    return sum((
+        opts.expert_o or (opts.expert_q and not separate) or (v_expert and opts.shared_selection),
+        (v_expert and not opts.shared_selection) or (opts.expert_k and not separate),
+        opts.expert_q and separate,
+        opts.expert_k and separate,
+    ))
+
+
+def switchhead_cost(s: LayerShape, opts: SwitchHeadOptions) -> Cost:
+    """MACs and output floats of SwitchHead Q/K/V/O, selections included; expert matmuls at
+    their useful MACs (the dense all-experts backend's extra work is not credited)."""
+    e, k = opts.n_experts, opts.k
+    v_expert = opts.expert_v and e > 1
+    dense_in = s.t * s.d * s.h * s.dh
+    expert_in = expert_matmul_macs(s.t, s.h, k, s.d, s.dh, "slots")
+    macs = sum(expert_in if flag else dense_in for flag in (opts.expert_q, opts.expert_k, v_expert))
+    macs += expert_matmul_macs(s.t, s.h, k, s.dh, s.d, "all") if opts.expert_o else dense_in
+    n_sel = n_selections(opts)
+    macs += n_sel * s.t * s.d * s.h * e
+    return macs, 4 * s.t * s.h * s.dh + n_sel * s.t * s.h * e
+
+
+@PROJECTIONS.register("switchhead", SwitchHeadOptions, cost=switchhead_cost)
 def _switchhead(ctx: LayerContext, options: SwitchHeadOptions) -> SwitchHeadProjections:
     """SwitchHead: per-head mixture-of-experts V and O projections (sigmoid top-k gates)."""
     return SwitchHeadProjections(ctx, options)

@@ -75,7 +75,8 @@ class WindowCore(AttentionCore):
                                     window=self.window)
 
 
-@CORES.register("window", WindowOptions, score_bias=True, budget=("sinks", "window"))
+@CORES.register("window", WindowOptions, score_bias=True, budget=("sinks", "window"),
+                marker="s")
 def _window(ctx: LayerContext, options: WindowOptions, dropout: float) -> WindowCore:
     """Attention sinks + a sliding window (StreamingLLM): a fixed selection of keys."""
     if not ctx.causal:

@@ -16,7 +16,9 @@ Two conventions, both per layer and per sequence of ``T`` new tokens:
   (``-(T - 1) .. Tk - 1`` if not causal) and its ``q . r`` einsum (plus the ``u . k`` term
   when ``content_bias``); and ``q k^T`` and ``attn v`` over the **full** ``T x Tk``
   rectangle, as dense SDPA / the eager core compute them (no causal halving). Element-wise
-  work (RoPE, softmax, gates, masks) is not counted.
+  work (RoPE, softmax, gates, masks) is not counted. Each part declares its own formula at
+  registration (the ``cost`` trait, :mod:`attnlab.layers.cost`), so a part registered from a
+  plugin is counted when it declares one and refused, by name, when it does not.
 
 :func:`attention_cost` applies either convention to a :class:`RunConfig` and adds the
 parameter count and whole-model MACs per token. Results are plain ``int`` dicts (JSON-able).
@@ -29,12 +31,14 @@ from typing import Any
 
 import torch
 
-from attnlab.ops.expert_matmul import expert_matmul_macs
+from attnlab.config import PartSpec
+from attnlab.layers import CORES, MLPS, POSITIONS, PROJECTIONS, Registry
+from attnlab.layers.cost import Cost, LayerShape
+from attnlab.layers.switchhead import n_selections
 from attnlab.train.config import RunConfig
 
 PAPER_KINDS = ("dense", "switchhead", "moa")
 CONVENTIONS = ("paper", "exact")
-SOFTMAX_CORES = ("sdpa", "eager")
 DEFAULT_VOCAB = 256
 
 MOA_INFERRED: dict[str, Any] = {
@@ -129,101 +133,39 @@ def paper_attention_cost(
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class _Shape:
-    """The sizes of one attention layer's forward: T new tokens over ``tk`` keys."""
-
-    d: int
-    h: int
-    dh: int
-    t: int
-    tk: int
-    causal: bool = True
-
-
-def _dense_proj(s: _Shape, n_kv_heads: int | None) -> tuple[int, int]:
-    """MACs and output floats of dense Q/K/V/O (grouped-query when ``n_kv_heads`` < H)."""
-    hk = n_kv_heads or s.h
-    macs = s.t * s.d * s.dh * (2 * s.h + 2 * hk)
-    return macs, s.t * s.dh * (2 * s.h + 2 * hk)
-
-
-def _n_selections(opts: Any) -> int:
-    """How many ``[H*E, d]`` selection matrices SwitchHead projections with ``opts`` build."""
-    separate = opts.separate_kq_selection
-    v_expert = opts.expert_v and opts.n_experts > 1
-    return sum((
-        opts.expert_o or (opts.expert_q and not separate) or (v_expert and opts.shared_selection),
-        (v_expert and not opts.shared_selection) or (opts.expert_k and not separate),
-        opts.expert_q and separate,
-        opts.expert_k and separate,
-    ))
-
-
-def _switchhead_proj(s: _Shape, opts: Any) -> tuple[int, int]:
-    """MACs and output floats of SwitchHead Q/K/V/O, selections included."""
-    e, k = opts.n_experts, opts.k
-    v_expert = opts.expert_v and e > 1
-    dense_in = s.t * s.d * s.h * s.dh
-    expert_in = expert_matmul_macs(s.t, s.h, k, s.d, s.dh, "slots")
-    macs = sum(expert_in if flag else dense_in for flag in (opts.expert_q, opts.expert_k, v_expert))
-    macs += expert_matmul_macs(s.t, s.h, k, s.dh, s.d, "all") if opts.expert_o else dense_in
-    n_sel = _n_selections(opts)
-    macs += n_sel * s.t * s.d * s.h * e
-    return macs, 4 * s.t * s.h * s.dh + n_sel * s.t * s.h * e
-
-
-def _moa_proj(s: _Shape, opts: Any) -> tuple[int, int]:
-    """MACs and output floats of MoA: router, H chosen Q/O experts, shared K and V."""
-    macs = (s.t * s.d * opts.n_experts
-            + expert_matmul_macs(s.t, s.h, 1, s.d, s.dh, "slots", gated=False)
-            + 2 * s.t * s.d * s.dh
-            + expert_matmul_macs(s.t, s.h, 1, s.dh, s.d, "all"))
-    return macs, 2 * s.t * s.h * s.dh + 2 * s.t * s.dh + s.t * opts.n_experts
-
-
-def _xl_positions(s: _Shape, content_bias: bool) -> tuple[int, int]:
-    """MACs and floats of ``XLRelativePositions.score_bias`` (projection, q.r, u.k, bias)."""
-    n_dist = s.tk if s.causal else s.tk + s.t - 1
-    macs = n_dist * s.d * s.h * s.dh + s.h * s.t * n_dist * s.dh
-    if content_bias:
-        macs += s.h * s.tk * s.dh
-    return macs, n_dist * s.h * s.dh + s.h * s.t * n_dist + s.h * s.t * s.tk
+def declared_cost(registry: Registry[Any], spec: PartSpec, shape: LayerShape) -> Cost:
+    """The ``cost`` a part declared at registration (:mod:`attnlab.layers.cost`) at
+    ``shape``; ``ValueError`` naming the part when it declared none."""
+    cost = registry.trait(spec.name, "cost")
+    if cost is None:
+        kinds = registry.kind if registry.kind.endswith("s") else f"{registry.kind}s"
+        declared = [n for n in registry.names() if registry.trait(n, "cost") is not None]
+        raise ValueError(
+            f"no MAC accounting for {registry.kind} {spec.name!r}: the {kinds} that declare "
+            f"one are {declared} (a part declares its formula when registered: "
+            "register(..., cost=...), see attnlab.layers.cost)")
+    return cost(shape, registry.options(spec))
 
 
 def exact_attention_cost(
-    projections: Any, positions: Any, *, d_model: int, n_heads: int, d_head: int,
-    seq_len: int, memory_len: int, causal: bool = True,
+    projections: PartSpec, positions: PartSpec, *, d_model: int, n_heads: int, d_head: int,
+    seq_len: int, memory_len: int, causal: bool = True, core: PartSpec | None = None,
 ) -> dict[str, int]:
-    """Forward MACs and activation floats of one attnlab attention layer (module docstring).
+    """Forward MACs and activation floats of one attnlab attention layer (module docstring):
+    the sum of what its projections, positions and core (default ``eager``: the full score
+    rectangle) declare as their ``cost``; ``ValueError`` for a part that declares none."""
+    shape = LayerShape(d_model, n_heads, d_head, seq_len, seq_len + memory_len, causal)
+    parts = ((PROJECTIONS, projections), (POSITIONS, positions),
+             (CORES, core or PartSpec("eager")))
+    costs = [declared_cost(registry, spec, shape) for registry, spec in parts]
+    return {"macs": sum(c[0] for c in costs), "memory_floats": sum(c[1] for c in costs)}
 
-    ``projections`` / ``positions`` are the layer's :class:`PartSpec` s (dense, switchhead
-    or moa; none, learned, rope, xl or alibi). Memory floats count the main tensors the forward
-    materialises for the new tokens: q/k/v/o, selection logits, the ``T x Tk`` scores and
-    probabilities, and for XL the position keys, ``q . r`` table and gathered bias.
-    """
-    from attnlab.layers import POSITIONS, PROJECTIONS
 
-    s = _Shape(d_model, n_heads, d_head, seq_len, seq_len + memory_len, causal)
-    opts = PROJECTIONS.options(projections)
-    if projections.name == "dense":
-        macs, memory = _dense_proj(s, opts.n_kv_heads)
-    elif projections.name == "switchhead":
-        macs, memory = _switchhead_proj(s, opts)
-    elif projections.name == "moa":
-        macs, memory = _moa_proj(s, opts)
-    else:
-        raise ValueError(f"no MAC accounting for projections {projections.name!r}")
-    if positions.name == "xl":
-        pos_macs, pos_memory = _xl_positions(s, POSITIONS.options(positions).content_bias)
-        macs, memory = macs + pos_macs, memory + pos_memory
-    elif positions.name == "alibi":  # a dense [H, T, Tk] bias, no multiplications
-        memory += s.h * s.t * s.tk
-    elif positions.name not in ("none", "learned", "rope"):
-        raise ValueError(f"no MAC accounting for positions {positions.name!r}")
-    macs += 2 * s.h * s.t * s.tk * s.dh
-    memory += 2 * s.h * s.t * s.tk
-    return {"macs": macs, "memory_floats": memory}
+def counted(projections: PartSpec, positions: PartSpec, core: PartSpec) -> bool:
+    """Whether every part of the layer declares a ``cost`` (so
+    :func:`exact_attention_cost` counts it)."""
+    parts = ((PROJECTIONS, projections), (POSITIONS, positions), (CORES, core))
+    return all(registry.trait(spec.name, "cost") is not None for registry, spec in parts)
 
 
 def _paper_from_config(cfg: RunConfig) -> dict[str, int]:
@@ -234,8 +176,6 @@ def _paper_from_config(cfg: RunConfig) -> dict[str, int]:
     kind = att.projections.name
     if kind not in PAPER_KINDS:
         raise ValueError(f"the paper formulas cover {PAPER_KINDS}, not projections {kind!r}")
-    from attnlab.layers import PROJECTIONS
-
     opts = PROJECTIONS.options(att.projections)
     n_experts = k = None
     n_exp = n_sel = 2
@@ -243,7 +183,7 @@ def _paper_from_config(cfg: RunConfig) -> dict[str, int]:
         n_experts, k = opts.n_experts, opts.k
         v_expert = opts.expert_v and n_experts > 1
         n_exp = sum((opts.expert_q, opts.expert_k, v_expert, opts.expert_o))
-        n_sel = _n_selections(opts)
+        n_sel = n_selections(opts)
     elif kind == "moa":
         n_experts, k = opts.n_experts, MOA_INFERRED["k"]
     elif opts.n_kv_heads not in (None, att.n_heads):
@@ -257,21 +197,13 @@ def _paper_from_config(cfg: RunConfig) -> dict[str, int]:
 
 
 def _mlp_macs_per_token(cfg: RunConfig) -> int:
-    """Forward MACs of one layer's MLP for one token (useful MACs for sigma-MoE)."""
-    from attnlab.layers import MLPS
-
+    """Forward MACs of one layer's MLP for one token, as the MLP declares them."""
     model = cfg.model
-    opts = MLPS.options(model.mlp)
-    if model.mlp.name == "dense":
-        return 2 * model.d_model * model.d_ff
-    if model.mlp.name == "swiglu":  # gate, up and down
-        return 3 * model.d_model * model.d_ff
-    if model.mlp.name == "sigma_moe":
-        size = opts.expert_size or model.d_ff // opts.n_experts
-        return (model.d_model * opts.n_experts
-                + expert_matmul_macs(1, 1, opts.k, model.d_model, size, "none")
-                + expert_matmul_macs(1, opts.k, 1, size, model.d_model, "all"))
-    raise ValueError(f"no MAC accounting for mlp {model.mlp.name!r}")
+    macs = MLPS.trait(model.mlp.name, "macs_per_token")
+    if macs is None:
+        raise ValueError(f"no MAC accounting for mlp {model.mlp.name!r}: it declares no "
+                         "macs_per_token (MLPS.register(..., macs_per_token=...))")
+    return macs(model.d_model, model.d_ff, MLPS.options(model.mlp))
 
 
 def count_params(cfg: RunConfig) -> int:
@@ -296,16 +228,13 @@ def attention_cost(cfg: RunConfig, convention: str = "exact") -> dict[str, Any]:
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
     model = cfg.model
-    core = model.attention.core.name
-    if core not in SOFTMAX_CORES:
-        raise ValueError(f"MAC accounting covers the cores {SOFTMAX_CORES}, not {core!r}")
     if convention == "paper":
         cost = _paper_from_config(cfg)
     else:
         cost = exact_attention_cost(
             model.attention.projections, model.attention.positions, d_model=model.d_model,
             n_heads=model.attention.n_heads, d_head=model.d_head, seq_len=cfg.train.seq_len,
-            memory_len=model.memory_len,
+            memory_len=model.memory_len, core=model.attention.core,
         )
     t = cfg.train.seq_len
     vocab = model.vocab_size or DEFAULT_VOCAB

@@ -21,7 +21,7 @@ from typing import Any
 
 from attnlab.config import PartSpec
 from attnlab.evals.variants import ORIGINAL
-from attnlab.layers.registry import keys_per_row
+from attnlab.layers.registry import CORES, keys_per_row
 from attnlab.report.inputs import model_name, model_of
 from attnlab.results import Record
 from attnlab.results.figures import new_figure, save_figure
@@ -139,8 +139,14 @@ def frontier_table(points: Sequence[Mapping[str, Any]], decode_batch: int = DECO
     return "\n".join(lines)
 
 
-MARKERS = {"original": "*", "sea": "o", "window": "s", "oracle": "^", "performer": "D",
-           "quest": "v", "block": "P", "sea_pages": "h"}
+def marker(core: str | None) -> str:
+    """The matplotlib marker of a core's points: its registered ``marker`` trait; a star for
+    the original model, and the trait's default for a name no registry knows."""
+    if core is None or core == ORIGINAL:
+        return "*"
+    if core not in CORES.names():
+        return CORES.known_traits["marker"][0]
+    return CORES.trait(core, "marker")
 
 
 def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
@@ -174,7 +180,7 @@ def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
                 if not pts:
                     continue
                 ax.scatter([p[skey] for p in pts], [p[qkey] for p in pts], label=core,
-                           marker=MARKERS.get(core, "x"), s=60)
+                           marker=marker(core), s=60)
                 for p in pts:
                     ax.annotate(str(p["keys_per_row"] or "all"), (p[skey], p[qkey]),
                                 textcoords="offset points", xytext=(5, 4), fontsize=8)
@@ -219,7 +225,7 @@ def plot_budget(curves: Mapping[str, Sequence[tuple[int, float, Any]]],
         ratios = [p[1] for p in pts]
         low = [p[1] - p[2][0] if p[2] else 0.0 for p in pts]
         high = [p[2][1] - p[1] if p[2] else 0.0 for p in pts]
-        ax.errorbar(budgets, ratios, yerr=[low, high], marker=MARKERS.get(name.split()[0], "x"),
+        ax.errorbar(budgets, ratios, yerr=[low, high], marker=marker(name.split()[0]),
                     capsize=3, label=name)
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log", base=2)

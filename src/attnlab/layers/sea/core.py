@@ -321,7 +321,7 @@ def _recomputed(fn, *tensors: Tensor):
 
 
 @CORES.register("sea", SEAOptions, score_bias=True, approximate=True,
-                tunable_inference=True, learns_attention=True, budget=("k",))
+                tunable_inference=True, learns_attention=True, budget=("k",), marker="o")
 def _sea(ctx: LayerContext, options: SEAOptions, dropout: float) -> SEACore:
     """SEA: exact attention on a Performer+CNN-estimated sparse mask (linear in T)."""
     if ctx.causal and options.topk_group == "batch":
