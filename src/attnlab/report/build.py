@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from attnlab.report.tables import (
     sea_grid_table,
     students_table,
 )
-from attnlab.results import format_table, machine_info
+from attnlab.results import Record, format_table, machine_info
 from attnlab.results import serve as serve_report
 from attnlab.results.figures import machine_label, plot_scaling
 from attnlab.results.scaling import format_summary, summarize
@@ -86,6 +86,29 @@ HOW_TO_READ = {
 }
 
 
+@dataclasses.dataclass
+class _Figures:
+    """The report's PNG figures, drawn into ``out`` (skipped with a warning without
+    matplotlib); ``drawn`` maps a figure's key to its file name."""
+
+    out: Path
+    label: str
+    drawn: dict[str, str]
+
+    def figure(self, key: str, name: str, draw: Callable[[Path], Path]) -> str | None:
+        """Draw ``name`` with ``draw(path)``; its file name, or None when it was skipped."""
+        try:
+            self.drawn[key] = draw(self.out / name).name
+        except ImportError as err:
+            logger.warning("no %s figure: %s", key, err)
+        return self.drawn.get(key)
+
+    def lines(self, key: str, alt: str, how: str) -> list[str]:
+        """The Markdown of figure ``key`` and how to read it, when it was drawn."""
+        return [f"![{alt}]({self.drawn[key]})", "", HOW_TO_READ[how], ""] if (
+            key in self.drawn) else []
+
+
 def build_report(
     inputs: ReportInputs,
     out_dir: str | os.PathLike[str],
@@ -99,125 +122,21 @@ def build_report(
     inputs = dataclasses.replace(inputs, runs=sorted(
         inputs.runs, key=lambda r: order.get(r.name, len(order))))
     machine = next(iter(inputs.machines.values()), None) or machine_info()
-    inconclusive = (inputs.demo or {}).get("shortfalls", [])
-    rows = mark_inconclusive(headline(inputs), "model", "training", inconclusive)
-    student_rows = mark_inconclusive(students(inputs), "student", "distillation", inconclusive)
-    mac_rows = macs_rows(inputs)
-    sea = [(n, s) for n, s in inputs.students if s.get("inference")]
-    results: dict[str, Any] = {
-        "machine": machine, "machines": inputs.machines, "sources": inputs.sources,
-        "demo": inputs.demo, "inconclusive": inconclusive, "headline": rows,
-        "students": student_rows,
-        "sea_grid": {n: s["inference"] for n, s in sea},
-        "step_times": [r.to_json() for r in inputs.step_times],
-        "scaling": {b: {"records": [r.to_json() for r in rs], "summary": summarize(rs),
-                        "crossovers": crossovers(rs)} for b, rs in inputs.scaling.items()},
-        "macs": mac_rows, "other_bench": [r.to_json() for r in inputs.other],
-        "runs": {r.name: {"summary": r.summary, "metric": r.metric, "eval_curve": r.eval_curve,
-                          "train_time": r.train_time} for r in inputs.runs},
-        "students_summary": dict(inputs.students), "figures": {},
-    }
-    label = machine_label(machine)
-    md = [f"# {title}", "", f"Measured on: {label}.", ""]
+    results = _results(inputs, machine)
+    figs = _Figures(out, machine_label(machine), results["figures"])
+    md = [f"# {title}", "", f"Measured on: {figs.label}.", ""]
     if inputs.demo:
-        d = inputs.demo
-        md += [f"`attnlab demo` ({d.get('mode')}): budget {d.get('budget_s', 0) / 60:.1f} min, "
-               f"this invocation took {d.get('wall_s', 0) / 60:.1f} min; stages (s): "
-               + ", ".join(f"{k} {v:.0f}" for k, v in d.get("stages_s", {}).items()) + "."
-               + (f" Training runs (s, {d.get('train_jobs', 1)} at a time): "
-                  + ", ".join(f"{k} {v:.0f}" for k, v in d["runs_s"].items()) + "."
-                  if d.get("runs_s") else ""), ""]
-        if d.get("load_avg"):
-            md += [f"Load on the machine (1-minute load average, {d.get('cpus')} CPUs) at the "
-                   f"start and end: {d['load_avg'][0]:.1f} and {d['load_avg'][1]:.1f}. Other "
-                   "processes slow every candidate of a side-by-side measurement alike, but "
-                   "they cut the steps the budget allows.", ""]
-        md += [d["notes"], ""] if d.get("notes") else []
-        md += budget_lines(d)
-
-    figures: dict[str, str] = results["figures"]
-
-    def figure(key: str, name: str, draw) -> str | None:
-        try:
-            figures[key] = draw(out / name).name
-        except ImportError as err:
-            logger.warning("no %s figure: %s", key, err)
-        return figures.get(key)
-
-    if rows:
-        side = {r["model"]: r["step_ms"] / 1e3 for r in rows if r["step_ms"] is not None}
-        md += ["## Is it faster in wall-clock, and at what quality?", "", headline_table(rows),
-               "", curves_table(inputs.runs), ""]
-        figure("quality", "quality.png", lambda p: plot_quality(
-            inputs.runs, p, side,
-            f"held-out quality of models trained on the same tokens\n{label}"))
-        if "quality" in figures:
-            md += [f"![quality]({figures['quality']})", "", HOW_TO_READ["quality"], ""]
-    if student_rows:
-        md += ["## Distilled students against their dense teacher", "",
-               students_table(student_rows), "",
-               "Teacher and student are evaluated on the same held-out tokens at the same "
-               "context; x teacher is the perplexity ratio (1 = no loss).", ""]
-    converging = [c for c in inputs.student_curves if c.eval_curve]
-    if converging:
-        md += ["### Distillation convergence", "", curves_table(converging), ""]
-        figure("convergence", "distillation-convergence.png", lambda p: plot_quality(
-            converging, p, None,
-            f"students' held-out quality during distillation (SEA's Fig. 4b)\n{label}"))
-        if "convergence" in figures:
-            md += [f"![distillation convergence]({figures['convergence']})", "",
-                   HOW_TO_READ["convergence"], ""]
-    if sea:
-        md += ["### SEA at other key budgets and query skips, without retraining", "",
-               "Perplexity (bits per character) per setting:", ""]
-        md += [sea_grid_table(n, s) + "\n" for n, s in sea]
-        figure("sea", "sea-dynamic-k.png", lambda p: plot_sea_grid(
-            sea, p, f"SEA's perplexity against dynamic k and query skip\n{label}"))
-        if "sea" in figures:
-            md += [f"![SEA dynamic k]({figures['sea']})", "", HOW_TO_READ["sea"], ""]
-        costed = [(n, s) for n, s in sea if "inference_teacher" in s]
-        if costed:
-            figure("sea-costs", "sea-costs.png", lambda p: plot_sea_costs(
-                costed, p, f"SEA's settings: quality, time and memory (Table A.6)\n{label}"))
-            if "sea-costs" in figures:
-                md += [f"![SEA costs]({figures['sea-costs']})", "", HOW_TO_READ["sea-costs"],
-                       ""]
-    for bench, records in inputs.scaling.items():
-        what = "whole attention layers" if bench == "attention-layer" else "attention cores"
-        key = f"scaling-{bench}"
-        md += [f"## Attention time and memory against sequence length ({what})", "",
-               *[f"**Inconclusive**: {f['reason']}.\n" for f in inconclusive
-                 if f["stage"] == "benchmark"],
-               format_summary(records), "",
-               crossover_lines(results["scaling"][bench]["crossovers"]), ""]
-        figure(key, f"{key}.png", lambda p, rs=records, w=what: plot_scaling(
-            rs, p, xlabel="sequence length (tokens)",
-            title=f"{w}, forward, batch {rs[0].shape['batch']}: time and peak memory\n{label}"))
-        if key in figures:
-            md += [f"![{key}]({figures[key]})", "", HOW_TO_READ["scaling"], ""]
-    if mac_rows:
-        md += ["## MACs against measured time", "",
-               "| what | name | seq_len | forward MMACs | ms | x baseline |", "|" + "---|" * 6]
-        md += [f"| {r['what']} | {r['name']} | {fmt(r['seq_len'], 'd')} | "
-               f"{r['macs'] / 1e6:,.1f} | {r['ms']:.2f} | {fmt(r['ratio'], '.2f')} |"
-               for r in mac_rows]
-        md.append("")
-        figure("macs", "macs-vs-time.png", lambda p: plot_macs(
-            mac_rows, p, f"MACs against measured time\n{label}"))
-        if "macs" in figures:
-            md += [f"![MACs]({figures['macs']})", "", HOW_TO_READ["macs"], ""]
+        md += _demo_lines(inputs.demo)
+    md += _quality_section(inputs, results["headline"], figs)
+    md += _students_section(inputs, results["students"], figs)
+    md += _scaling_section(inputs, results, figs)
+    md += _macs_section(results["macs"], figs)
     serve = [r for r in inputs.other if r.bench == SERVE_BENCH]
     if inputs.long_context:
         lines, results["frontier"] = frontier.report_section(inputs.long_context, serve,
-                                                             figure, label)
+                                                             figs.figure, figs.label)
         md += lines
-    if serve:
-        md += ["## Serving: prefill and cached decoding", ""]
-        for model, fingerprint in dict.fromkeys(map(model_of, serve)):
-            md += [f"Model: {model_name(model, fingerprint)}.", "",
-                   serve_report.format_summary([r for r in serve
-                                                if model_of(r) == (model, fingerprint)]), ""]
-        md += [HOW_TO_READ["serve"], ""]
+    md += _serve_section(serve)
     if other := [r for r in inputs.other if r.bench != SERVE_BENCH]:
         md += ["## Other benchmarks", "", format_table(other), ""]
     md += ["## Machine", "", machine_table(machine), "",
@@ -226,6 +145,139 @@ def build_report(
     atomic_write_text(out / "report.md", "\n".join(md))
     atomic_write_json(out / REPORT_JSON, _finite(results))
     return results
+
+
+def _results(inputs: ReportInputs, machine: Mapping[str, Any]) -> dict[str, Any]:
+    """Every figure of the report's tables (``results.json``); ``figures`` filled later."""
+    inconclusive = (inputs.demo or {}).get("shortfalls", [])
+    sea = [(n, s) for n, s in inputs.students if s.get("inference")]
+    return {
+        "machine": machine, "machines": inputs.machines, "sources": inputs.sources,
+        "demo": inputs.demo, "inconclusive": inconclusive,
+        "headline": mark_inconclusive(headline(inputs), "model", "training", inconclusive),
+        "students": mark_inconclusive(students(inputs), "student", "distillation",
+                                      inconclusive),
+        "sea_grid": {n: s["inference"] for n, s in sea},
+        "step_times": [r.to_json() for r in inputs.step_times],
+        "scaling": {b: {"records": [r.to_json() for r in rs], "summary": summarize(rs),
+                        "crossovers": crossovers(rs)} for b, rs in inputs.scaling.items()},
+        "macs": macs_rows(inputs), "other_bench": [r.to_json() for r in inputs.other],
+        "runs": {r.name: {"summary": r.summary, "metric": r.metric, "eval_curve": r.eval_curve,
+                          "train_time": r.train_time} for r in inputs.runs},
+        "students_summary": dict(inputs.students), "figures": {},
+    }
+
+
+def _demo_lines(d: Mapping[str, Any]) -> list[str]:
+    """What the demo run was: its budget, stages and runs, the machine's load, its notes and
+    the budget's lines."""
+    md = [f"`attnlab demo` ({d.get('mode')}): budget {d.get('budget_s', 0) / 60:.1f} min, "
+          f"this invocation took {d.get('wall_s', 0) / 60:.1f} min; stages (s): "
+          + ", ".join(f"{k} {v:.0f}" for k, v in d.get("stages_s", {}).items()) + "."
+          + (f" Training runs (s, {d.get('train_jobs', 1)} at a time): "
+             + ", ".join(f"{k} {v:.0f}" for k, v in d["runs_s"].items()) + "."
+             if d.get("runs_s") else ""), ""]
+    if d.get("load_avg"):
+        md += [f"Load on the machine (1-minute load average, {d.get('cpus')} CPUs) at the "
+               f"start and end: {d['load_avg'][0]:.1f} and {d['load_avg'][1]:.1f}. Other "
+               "processes slow every candidate of a side-by-side measurement alike, but "
+               "they cut the steps the budget allows.", ""]
+    md += [d["notes"], ""] if d.get("notes") else []
+    return md + budget_lines(d)
+
+
+def _quality_section(inputs: ReportInputs, rows: list[dict[str, Any]],
+                     figs: _Figures) -> list[str]:
+    """The headline: each trained model's quality, step time and curves."""
+    if not rows:
+        return []
+    side = {r["model"]: r["step_ms"] / 1e3 for r in rows if r["step_ms"] is not None}
+    md = ["## Is it faster in wall-clock, and at what quality?", "", headline_table(rows),
+          "", curves_table(inputs.runs), ""]
+    figs.figure("quality", "quality.png", lambda p: plot_quality(
+        inputs.runs, p, side,
+        f"held-out quality of models trained on the same tokens\n{figs.label}"))
+    return md + figs.lines("quality", "quality", "quality")
+
+
+def _students_section(inputs: ReportInputs, rows: list[dict[str, Any]],
+                      figs: _Figures) -> list[str]:
+    """Distilled students against their teacher, their convergence and SEA's settings."""
+    md: list[str] = []
+    if rows:
+        md += ["## Distilled students against their dense teacher", "",
+               students_table(rows), "",
+               "Teacher and student are evaluated on the same held-out tokens at the same "
+               "context; x teacher is the perplexity ratio (1 = no loss).", ""]
+    converging = [c for c in inputs.student_curves if c.eval_curve]
+    if converging:
+        md += ["### Distillation convergence", "", curves_table(converging), ""]
+        figs.figure("convergence", "distillation-convergence.png", lambda p: plot_quality(
+            converging, p, None,
+            f"students' held-out quality during distillation (SEA's Fig. 4b)\n{figs.label}"))
+        md += figs.lines("convergence", "distillation convergence", "convergence")
+    sea = [(n, s) for n, s in inputs.students if s.get("inference")]
+    if not sea:
+        return md
+    md += ["### SEA at other key budgets and query skips, without retraining", "",
+           "Perplexity (bits per character) per setting:", ""]
+    md += [sea_grid_table(n, s) + "\n" for n, s in sea]
+    figs.figure("sea", "sea-dynamic-k.png", lambda p: plot_sea_grid(
+        sea, p, f"SEA's perplexity against dynamic k and query skip\n{figs.label}"))
+    md += figs.lines("sea", "SEA dynamic k", "sea")
+    costed = [(n, s) for n, s in sea if "inference_teacher" in s]
+    if costed:
+        figs.figure("sea-costs", "sea-costs.png", lambda p: plot_sea_costs(
+            costed, p, f"SEA's settings: quality, time and memory (Table A.6)\n{figs.label}"))
+        md += figs.lines("sea-costs", "SEA costs", "sea-costs")
+    return md
+
+
+def _scaling_section(inputs: ReportInputs, results: Mapping[str, Any],
+                     figs: _Figures) -> list[str]:
+    """Attention time and memory against sequence length, per scaling benchmark."""
+    md: list[str] = []
+    for bench, records in inputs.scaling.items():
+        what = "whole attention layers" if bench == "attention-layer" else "attention cores"
+        key = f"scaling-{bench}"
+        md += [f"## Attention time and memory against sequence length ({what})", "",
+               *[f"**Inconclusive**: {f['reason']}.\n" for f in results["inconclusive"]
+                 if f["stage"] == "benchmark"],
+               format_summary(records), "",
+               crossover_lines(results["scaling"][bench]["crossovers"]), ""]
+        figs.figure(key, f"{key}.png", lambda p, rs=records, w=what: plot_scaling(
+            rs, p, xlabel="sequence length (tokens)",
+            title=f"{w}, forward, batch {rs[0].shape['batch']}: time and peak memory\n"
+                  f"{figs.label}"))
+        md += figs.lines(key, key, "scaling")
+    return md
+
+
+def _macs_section(rows: list[dict[str, Any]], figs: _Figures) -> list[str]:
+    """Forward MACs against measured time."""
+    if not rows:
+        return []
+    md = ["## MACs against measured time", "",
+          "| what | name | seq_len | forward MMACs | ms | x baseline |", "|" + "---|" * 6]
+    md += [f"| {r['what']} | {r['name']} | {fmt(r['seq_len'], 'd')} | "
+           f"{r['macs'] / 1e6:,.1f} | {r['ms']:.2f} | {fmt(r['ratio'], '.2f')} |"
+           for r in rows]
+    md.append("")
+    figs.figure("macs", "macs-vs-time.png", lambda p: plot_macs(
+        rows, p, f"MACs against measured time\n{figs.label}"))
+    return md + figs.lines("macs", "MACs", "macs")
+
+
+def _serve_section(serve: list[Record]) -> list[str]:
+    """``attnlab bench serve`` tables, one per model."""
+    if not serve:
+        return []
+    md = ["## Serving: prefill and cached decoding", ""]
+    for model, fingerprint in dict.fromkeys(map(model_of, serve)):
+        md += [f"Model: {model_name(model, fingerprint)}.", "",
+               serve_report.format_summary([r for r in serve
+                                            if model_of(r) == (model, fingerprint)]), ""]
+    return md + [HOW_TO_READ["serve"], ""]
 
 
 def _finite(obj: Any) -> Any:
