@@ -1,4 +1,5 @@
-"""Performer / FAVOR+ linear attention: fast path vs explicit reference, decoding, causality."""
+"""Performer / FAVOR+ linear attention: decoding, causality, padding, precision, feature maps
+(the fast path against the explicit reference: test_contract)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from attnlab.ops.attention import softmax_attention
 from attnlab.ops.performer import (
     orthogonal_gaussian,
     performer_attention,
-    performer_attention_naive,
     performer_attention_weights,
     relu_features,
     softmax_features,
@@ -20,31 +20,11 @@ F64 = torch.float64
 KERNELS = ["softmax", "relu"]
 
 
-def _qkv(b=2, h=4, hk=2, t=45, d=8, dv=6, dtype=F64, requires_grad=False):
+def _qkv(b=2, h=4, hk=2, t=45, d=8, dv=6, dtype=F64):
     q = torch.randn(b, h, t, d, dtype=dtype)
     k = torch.randn(b, hk, t, d, dtype=dtype)
     v = torch.randn(b, hk, t, dv, dtype=dtype)
-    return [x.requires_grad_(requires_grad) for x in (q, k, v)]
-
-
-@pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("causal", [True, False])
-def test_fast_matches_naive_forward_and_grads(kernel, causal):
-    q, k, v = _qkv(requires_grad=True)  # T=45 is not a multiple of chunk_size=16
-    proj = orthogonal_gaussian(24, 8, dtype=F64)
-    pad = torch.rand(2, 45) > 0.2
-    kw = dict(kernel=kernel, causal=causal, scale=0.4, key_padding_mask=pad)
-    out = performer_attention(q, k, v, proj, chunk_size=16, **kw)
-    ref = performer_attention_naive(q, k, v, proj, **kw)
-    assert_close("out", ref, out, 1e-12)
-    grad = torch.randn_like(out)
-    for name, g_out, g_ref in zip(
-        "qkv",
-        torch.autograd.grad(out, (q, k, v), grad),
-        torch.autograd.grad(ref, (q, k, v), grad),
-        strict=True,
-    ):
-        assert_close(f"d{name}", g_ref, g_out, 1e-11)
+    return [q, k, v]
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

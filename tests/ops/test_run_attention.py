@@ -16,7 +16,7 @@ from attnlab.ops.sparse_attention import (
     run_attention_naive,
     run_keys,
 )
-from attnlab.utils.testing import assert_close, assert_grads_close
+from attnlab.utils.testing import assert_close
 
 F64 = torch.float64
 needs_native = pytest.mark.skipif(not native.available(), reason="no C++ compiler")
@@ -157,19 +157,6 @@ def test_native_kernel_is_used_without_autograd_only(monkeypatch):
         fast = run_attention(q, k, v, head, lo, count, width, scale=0.5)
     assert calls
     assert_close("paths", out.detach(), fast, 1e-13)
-
-
-@pytest.mark.parametrize("hk", [2, 1])
-def test_pytorch_path_matches_reference_forward_and_gradients(hk):
-    q, k, v = _qkv(2, 2, hk, 16, grad=True)
-    head, lo, count, width = _random_runs(2, 2, 16, c=4)
-    r2p = _rank_to_pos(2, 16)
-    row_scale = torch.rand(2, 2, 16, dtype=F64, requires_grad=True)
-    kw = dict(scale=0.4, row_scale=row_scale, rank_to_pos=r2p)
-    out = run_attention(q, k, v, head, lo, count, width, query_chunk=5, **kw)
-    ref = run_attention_naive(q, k, v, head, lo, count, width, **kw)
-    assert_close("out", ref, out, 1e-12)
-    assert_grads_close(ref, out, (q, k, v, row_scale), "qkvr", 1e-11)
 
 
 def test_runs_equal_cells_of_their_keys():

@@ -65,13 +65,6 @@ def test_fast_matches_naive_random_sets(hk, with_row_scale):
     assert torch.equal(out[:, :, [0, 5]], torch.zeros_like(out[:, :, [0, 5]]))
 
 
-def test_fast_matches_naive_causal_sets():
-    q, k, v = _qkv(1, 3, 3, 40, 40)
-    index, valid = _causal_sets(1, 3, 40, 8)
-    _check_fast_vs_naive(q, k, v, index, valid, query_chunk=16,
-                         row_scale=torch.rand(1, 3, 40, dtype=F64, requires_grad=True))
-
-
 def test_gradcheck():
     q, k, v = _qkv(1, 2, 1, 9, 7, d=3, dv=2)
     index, valid = _random_sets(1, 2, 9, 7, 4)

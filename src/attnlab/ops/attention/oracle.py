@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnlab.ops import contract
 from attnlab.ops.attention.masks import (
     allowed_keys,
     attend_kept,
@@ -186,3 +187,36 @@ def oracle_attention_naive(
     return _oracle(q, k, v, scale=scale, budget=budget, group=group, causal=causal,
                    key_padding_mask=key_padding_mask, score_bias=score_bias,
                    block=max(q.shape[-2], 1), full_sort=True, page=page)
+
+
+def _example(gen: torch.Generator, *, group: str = "kv", budget: int = 5, causal: bool = True,
+             padded: bool = False, biased: bool = True, page: int = 1, t_q: int = 37,
+             t_k: int = 37) -> contract.Example:
+    """Batch 2, 4 query heads of 2 KV heads; padding: a hole, and left padding (rows with no
+    key)."""
+    qkv = contract.attention_inputs(gen, t_q=t_q, t_k=t_k)
+    padding = contract.padding_mask(2, t_k) if padded else None
+    bias = contract.normal(gen, 1, 4, t_q, t_k) if biased else None
+    return contract.Example({**qkv, "scale": 0.3, "budget": budget, "group": group,
+                             "causal": causal, "page": page, "key_padding_mask": padding,
+                             "score_bias": bias}, contract.attention_shape(qkv))
+
+
+_BLOCKS = ((f"{__name__}.QUERY_BLOCK", 8),)  # several blocks
+_LAYOUTS = ((True, False, 37), (True, True, 37), (True, True, 3), (False, True, 37))
+"""(causal, padded, queries) of the cases: the last 3 queries are those after a cache."""
+
+contract.register(contract.OpContract(
+    "oracle_attention", oracle_attention, oracle_attention_naive, _example,
+    cases=(
+        *(case for causal, padded, t_q in _LAYOUTS
+          for case in contract.grid(patches=_BLOCKS, group=GROUPS, budget=(1, 5, 40),
+                                    causal=(causal,), padded=(padded,), t_q=(t_q,))),
+        *(case for causal, padded, t_q in _LAYOUTS
+          for case in contract.grid(patches=_BLOCKS, page=(4,), budget=(4, 12), biased=(False,),
+                                    causal=(causal,), padded=(padded,), t_q=(t_q,))),
+        contract.Case("one-query-one-key", {"budget": 1, "t_q": 1, "t_k": 1}),
+    ),
+    grads=("q", "k", "v", "score_bias"),
+    low_precision=contract.FLOAT32,
+))

@@ -11,10 +11,14 @@ PyTorch (:func:`attend_best_pages_reference`).
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
+from attnlab.ops import contract
+from attnlab.ops.attention.masks import key_pages, key_ranks, rank_positions
 from attnlab.ops.attention.page_rules import page_masks, select_pages
-from attnlab.ops.attention.page_scorers import PageScorer, scorer_logits
+from attnlab.ops.attention.page_scorers import SCORERS, PageScorer, scorer_logits
+from attnlab.ops.attention.page_summary import summarize
 from attnlab.ops.sparse_attention import native
 from attnlab.ops.sparse_attention.pages import PageSelection, attend_pages, pages_from_kept
 
@@ -62,3 +66,29 @@ def attend_best_pages(
         q, k, v, scorer=scorer, features=features, q_ranks=q_ranks, n_real=n_real,
         budget=budget, page=page, sink_pages=sink_pages, local_pages=local_pages,
         causal=causal, scale=scale, rank_to_pos=rank_to_pos)
+
+
+def _example(gen: torch.Generator, *, scorer: str = "quest", causal: bool = True,
+             padded: bool = True, t_q: int = 4, t_k: int = 21) -> contract.Example:
+    """Batch 2, 6 query heads of 2 KV heads, pages of 3 keys, a budget of 3 pages, the
+    pages' features from the keys; padding: a hole, and left padding."""
+    qkv = contract.attention_inputs(gen, h=6, t_q=t_q, t_k=t_k)
+    padding = contract.padding_mask(2, t_k) if padded else None
+    ranks = key_ranks(padding, 2, t_k, None)
+    features = SCORERS[scorer].features(summarize(qkv["k"], key_pages(ranks, 3), -(-t_k // 3)))
+    return contract.Example(
+        {**qkv, "scorer": SCORERS[scorer], "features": features, "q_ranks": ranks[:, -t_q:],
+         "n_real": ranks.max(-1).values + 1, "budget": 9, "page": 3, "sink_pages": 1,
+         "local_pages": 1, "causal": causal, "scale": 0.4,
+         "rank_to_pos": None if padding is None else rank_positions(padding)},
+        contract.attention_shape(qkv))
+
+
+contract.register(contract.OpContract(
+    "attend_best_pages", attend_best_pages, attend_best_pages_reference, _example,
+    cases=(
+        *contract.grid(scorer=("quest", "mean"), causal=(True, False)),
+        *contract.grid(padded=(False,), t_q=(1, 21)),
+    ),
+    low_precision=contract.FLOAT32_BFLOAT16,
+))

@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnlab.ops import contract
 from attnlab.ops.attention.masks import (
     allowed_keys,
     expand_kv_heads,
@@ -253,3 +254,36 @@ def paged_attention_naive(
     allowed = allowed_keys(t_q, t_k, causal=causal, key_padding_mask=key_padding_mask,
                            device=q.device)
     return attend_kept_keys(q, k, v, keep.to(q.device), allowed, scale, score_bias)
+
+
+def _example(gen: torch.Generator, *, scorer: str = "quest", causal: bool = True,
+             padded: bool = False, biased: bool = False, t_q: int = 23, t_k: int = 23
+             ) -> contract.Example:
+    """Batch 2, 4 query heads of 2 KV heads, pages of 3 keys, a budget of 4 pages; padding:
+    a hole, and left padding (the outputs of padded queries are not defined)."""
+    qkv = contract.attention_inputs(gen, t_q=t_q, t_k=t_k)
+    padding = contract.padding_mask(2, t_k) if padded else None
+    return contract.Example(
+        {**qkv, "scale": 0.35, "budget": 12, "page": 3, "scorer": scorer, "sink_pages": 1,
+         "local_pages": 1, "causal": causal, "key_padding_mask": padding,
+         "score_bias": contract.normal(gen, 1, 4, t_q, t_k) if biased else None},
+        contract.attention_shape(qkv),
+        defined=None if padding is None else padding[:, None, -t_q:, None])
+
+
+contract.register(contract.OpContract(
+    "paged_attention", paged_attention, paged_attention_naive, _example,
+    cases=(
+        *contract.grid(scorer=("quest", "mean"), causal=(True, False), padded=(False, True),
+                       biased=(False, True)),
+        # the gather executor, on every block that can take it
+        *contract.grid(label="gathered", patches=((f"{__name__}.GATHER_RATIO", 1),),
+                       scorer=("quest", "mean"), causal=(True, False)),
+        *contract.grid(label="blocks", patches=((f"{__name__}.QUERY_BLOCK", 4),), padded=(True,),
+                       causal=(True, False)),
+        *contract.grid(label="cache", t_q=(1, 4), padded=(True,)),
+        *contract.grid(label="one-query-one-key", t_q=(1,), t_k=(1,)),
+    ),
+    grads=("q", "k", "v", "score_bias"),
+    low_precision=contract.FLOAT32,
+))

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.ops.attention.activations import check_activation
+from attnlab.ops import contract
+from attnlab.ops.attention.activations import ACTIVATIONS, check_activation
 from attnlab.ops.attention.masks import allowed_keys
 from attnlab.ops.attention.naive import softmax_attention
 
@@ -78,3 +79,28 @@ def _with_null_key(
     if score_bias is not None:
         score_bias = F.pad(score_bias, (1, 0))
     return k, v, mask, score_bias
+
+
+def _example(gen: torch.Generator, *, activation: str = "softmax", causal: bool = True,
+             padded: bool = False, biased: bool = False, hk: int = 2, t_q: int = 7,
+             t_k: int = 7) -> contract.Example:
+    """Batch 2, 4 query heads; padding: a hole, and left padding (rows with no key)."""
+    qkv = contract.attention_inputs(gen, hk=hk, t_q=t_q, t_k=t_k)
+    padding = contract.padding_mask(2, t_k) if padded else None
+    bias = contract.normal(gen, 2, 4, t_q, t_k) if biased else None
+    return contract.Example({**qkv, "scale": 0.3, "causal": causal, "activation": activation,
+                             "sigmoid_bias": -1.0, "key_padding_mask": padding,
+                             "score_bias": bias}, contract.attention_shape(qkv))
+
+
+contract.register(contract.OpContract(
+    "sdpa_attention", sdpa_attention, softmax_attention, _example,
+    cases=(
+        *contract.grid(activation=ACTIVATIONS, causal=(True, False), padded=(False, True),
+                       biased=(False, True), hk=(2, 4)),
+        *contract.grid(label="cache", activation=ACTIVATIONS, t_q=(3,), t_k=(9,)),
+        contract.Case("one-query-one-key", {"t_q": 1, "t_k": 1}),
+    ),
+    grads=("q", "k", "v", "score_bias"),
+    low_precision=contract.FLOAT32,
+))

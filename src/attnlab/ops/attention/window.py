@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from attnlab.ops import contract
 from attnlab.ops.attention.masks import key_ranks, masked_attention
 
 QUERY_BLOCK = 256
@@ -134,3 +135,26 @@ def window_attention_naive(
     allowed = _allowed(ranks, _counts(ranks), torch.arange(t_k - t_q, t_k, device=q.device),
                        torch.arange(t_k, device=q.device), sinks, window)
     return masked_attention(q, k, v, allowed, scale, score_bias)
+
+
+def _example(gen: torch.Generator, *, sinks: int, window: int, padded: bool = False,
+             t_q: int = 37, t_k: int = 37, hk: int = 2) -> contract.Example:
+    """Batch 2, 4 query heads; padding: a hole, and left padding."""
+    qkv = contract.attention_inputs(gen, hk=hk, t_q=t_q, t_k=t_k)
+    return contract.Example({**qkv, "scale": 0.3, "sinks": sinks, "window": window,
+                             "key_padding_mask": contract.padding_mask(2, t_k) if padded else None},
+                            contract.attention_shape(qkv))
+
+
+contract.register(contract.OpContract(
+    "window_attention", window_attention, window_attention_naive, _example,
+    cases=(
+        *(case for sinks, window in ((0, 1), (2, 5), (4, 16), (3, 100))
+          for case in contract.grid(patches=((f"{__name__}.QUERY_BLOCK", 8),),  # several blocks
+                                    sinks=(sinks,), window=(window,), padded=(False, True),
+                                    t_q=(37, 3))),
+        contract.Case("heads-equal", {"sinks": 2, "window": 5, "hk": 4}),
+        contract.Case("one-query-one-key", {"sinks": 1, "window": 1, "t_q": 1, "t_k": 1}),
+    ),
+    low_precision=contract.FLOAT32,
+))

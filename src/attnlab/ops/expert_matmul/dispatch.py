@@ -47,9 +47,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from attnlab.ops import contract
+from attnlab.ops.expert_matmul import segments
 from attnlab.ops.expert_matmul.dense import dense_expert_matmul, dense_mac_ratio
 from attnlab.ops.expert_matmul.grouped import grouped_expert_matmul
-from attnlab.ops.expert_matmul.layout import Layout, check_inputs
+from attnlab.ops.expert_matmul.layout import REDUCTIONS, Layout, check_inputs
 from attnlab.ops.expert_matmul.naive import expert_matmul_naive
 
 BACKENDS = ("auto", "grouped", "dense", "naive", "triton")
@@ -121,3 +123,47 @@ def expert_matmul(
     if backend == "triton":
         return _triton_backend(x.device)(x, weight, sel, gate, layout)
     return grouped_expert_matmul(x, weight, sel, gate, layout)
+
+
+def _example(gen: torch.Generator, *, backend: str = "grouped", per_group: bool = False,
+             reduce: str = "slots", gated: bool = True, n: int = 11, routing: str = "top-k"
+             ) -> contract.Example:
+    """3 groups of 2 slots over 7 experts, 5 -> 6 features. ``routing``: ``"top-k"`` (ids
+    distinct within a group, as a router's), ``"imbalanced"`` (expert 0 in every group),
+    ``"unused"`` (experts 1, 2, 4 and 6 get nothing) or ``"duplicate"`` (one id twice)."""
+    groups, k, experts, k_in, k_out = 3, 2, 7, 5, 6
+    x = contract.normal(gen, *((n, groups, k_in) if per_group else (n, k_in)))
+    sel = torch.rand(n, groups, experts, generator=gen).topk(k, dim=-1).indices
+    if routing == "imbalanced":
+        sel[..., 0] = 0
+        sel[..., 1] = torch.randint(1, experts, (n, groups), generator=gen)
+    elif routing == "unused":
+        sel = torch.tensor([0, 3, 5])[sel % 3]
+    elif routing == "duplicate":
+        sel[..., 1] = sel[..., 0]
+    shape = {"none": (n, groups, k, k_out), "slots": (n, groups, k_out), "all": (n, k_out)}
+    return contract.Example(
+        {"x": x, "weight": contract.normal(gen, experts, k_in, k_out) / k_in**0.5, "sel": sel,
+         "gate": torch.rand(n, groups, k, generator=gen, dtype=torch.float64) if gated else None,
+         "reduce": reduce},
+        shape[reduce], options={"backend": backend})
+
+
+_PLANS = {"padded": float("inf"), "ragged": 0.0}
+"""The grouped backend's plans, forced by ``segments.PAD_MAX_WASTE``."""
+
+contract.register(contract.OpContract(
+    "expert_matmul", expert_matmul, expert_matmul_naive, _example,
+    cases=(
+        *contract.grid(backend=("dense",), per_group=(False, True), reduce=REDUCTIONS),
+        *(case for plan, waste in _PLANS.items()
+          for case in contract.grid(
+              label=plan, patches=((f"{segments.__name__}.PAD_MAX_WASTE", waste),),
+              backend=("grouped",), per_group=(False, True), reduce=REDUCTIONS)),
+        *contract.grid(backend=("auto",), gated=(False, True)),
+        *contract.grid(routing=("imbalanced", "unused", "duplicate"), per_group=(True,)),
+        *contract.grid(n=(0, 1), reduce=REDUCTIONS),
+    ),
+    grads=("x", "weight", "gate"),
+    low_precision=contract.FLOAT32,
+))

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.ops import contract
 from attnlab.ops.lsh_attention.causal import causal_lsh_attention
 from attnlab.ops.lsh_attention.common import (
     combine_rounds,
@@ -17,7 +18,8 @@ from attnlab.ops.lsh_attention.common import (
     prepare_inputs,
     softmax_stats,
 )
-from attnlab.ops.lsh_attention.hashing import lsh_order
+from attnlab.ops.lsh_attention.hashing import default_n_buckets, draw_rotations, lsh_order
+from attnlab.ops.lsh_attention.naive import lsh_attention_naive
 
 
 def _with_previous(x: Tensor, n_chunks: int) -> Tensor:
@@ -116,3 +118,37 @@ def lsh_attention(
     outs = outs.gather(3, unsort.unsqueeze(-1).expand(-1, -1, -1, -1, outs.shape[-1]))
     lse = lse.reshape(b, n_heads, n_hashes, t_pad).gather(3, unsort)
     return combine_rounds(outs, lse).to(q.dtype)
+
+
+def _example(gen: torch.Generator, *, causal: bool = True, n_hashes: int = 2, t: int = 37,
+             bucket_size: int = 8, n_buckets: int | None = None, hk: int = 2,
+             padded: bool = True) -> contract.Example:
+    """Batch 2, 2 query heads, rotations for ``n_buckets`` buckets (None: the default for
+    ``t``); ``padded``: about 1 key in 4 padded."""
+    qkv = contract.attention_inputs(gen, h=2, hk=hk, t_q=t, t_k=t)
+    n_buckets = n_buckets or default_n_buckets(t, bucket_size)
+    return contract.Example(
+        {**qkv, "n_hashes": n_hashes, "bucket_size": bucket_size, "causal": causal,
+         "generator_or_rotations": draw_rotations(n_hashes, 8, n_buckets, generator=gen,
+                                                  dtype=torch.float64),
+         "key_padding_mask": torch.rand(2, t, generator=gen) > 0.25 if padded else None},
+        contract.attention_shape(qkv))
+
+
+contract.register(contract.OpContract(
+    "lsh_attention", lsh_attention, lsh_attention_naive, _example,
+    cases=(
+        # T not a multiple of the bucket size
+        *contract.grid(causal=(True, False), n_hashes=(1, 2)),
+        *contract.grid(label="grouped", causal=(True, False), n_hashes=(1, 2), t=(32,), hk=(1,),
+                       padded=(False,)),
+        # two chunks: the previous chunk of chunk 0 is chunk 1
+        *contract.grid(label="two-chunks", causal=(True, False), n_hashes=(1, 2), t=(20,),
+                       bucket_size=(16,)),
+        # causal: about 10 keys per bucket, so buckets span several chunks
+        *contract.grid(label="long-buckets", causal=(True, False), n_hashes=(1, 2), t=(41,),
+                       bucket_size=(4,), n_buckets=(4,)),
+        contract.Case("one-token", {"t": 1, "padded": False}),
+    ),
+    low_precision=contract.FLOAT32_BFLOAT16,
+))

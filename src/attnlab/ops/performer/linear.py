@@ -18,13 +18,16 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from attnlab.ops import contract
 from attnlab.ops.performer.features import (
     check_kernel,
     feature_map,
+    orthogonal_gaussian,
     safe_ratio,
     scaled_qk,
     softmax_feature_logits,
 )
+from attnlab.ops.performer.naive import performer_attention_naive
 
 
 class PerformerState(NamedTuple):
@@ -223,3 +226,27 @@ def performer_attention(
         den = torch.einsum("bhgim,bhm->bhgi", phi_q, phi_k.sum(-2))
     out = safe_ratio(num, den).reshape(b, n_heads, t_q, v.shape[-1]).to(q.dtype)
     return (out, state) if return_state else out
+
+
+def _example(gen: torch.Generator, *, kernel: str = "softmax", causal: bool = True,
+             t_q: int = 45, t_k: int = 45, hk: int = 2) -> contract.Example:
+    """Batch 2, 4 query heads, 24 orthogonal random features, about 1 key in 5 padded,
+    chunks of 16 tokens (45 is not a multiple)."""
+    qkv = contract.attention_inputs(gen, hk=hk, t_q=t_q, t_k=t_k)
+    return contract.Example(
+        {**qkv, "proj": orthogonal_gaussian(24, 8, generator=gen, dtype=torch.float64),
+         "kernel": kernel, "causal": causal, "scale": 0.4,
+         "key_padding_mask": torch.rand(2, t_k, generator=gen) > 0.2},
+        contract.attention_shape(qkv), options={"chunk_size": 16})
+
+
+contract.register(contract.OpContract(
+    "performer_attention", performer_attention, performer_attention_naive, _example,
+    cases=(
+        *contract.grid(kernel=("softmax", "relu"), causal=(True, False)),
+        *contract.grid(label="cross", kernel=("softmax", "relu"), causal=(False,), t_q=(9,)),
+        contract.Case("heads-equal", {"hk": 4}),
+        *contract.grid(label="one-token", kernel=("softmax", "relu"), t_q=(1,), t_k=(1,)),
+    ),
+    low_precision=contract.FLOAT32_BFLOAT16,
+))

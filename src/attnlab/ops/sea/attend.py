@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.ops.attention.bias import BiasFn, dense_bias, offset_queries
-from attnlab.ops.sea.mask import cell_runs, select_cell_list
+from attnlab.ops import contract
+from attnlab.ops.attention.bias import BiasFn, DistanceBias, dense_bias, offset_queries
+from attnlab.ops.sea.mask import bin_edges, cell_runs, select_cell_list
 from attnlab.ops.sparse_attention import (
     cell_mask,
     masked_attention,
@@ -151,3 +152,44 @@ def selected_attention_naive(
                                row_scale=row_scale, rank_to_pos=rank_to_pos,
                                score_bias=score_bias, activation=activation,
                                sigmoid_bias=sigmoid_bias)
+
+
+def _example(gen: torch.Generator, *, group: str = "heads", k_per_head: int = 6, t_q: int = 70,
+             t_k: int = 70, n_bins: int = 16, mapped: bool = True, dense: bool = False,
+             biased: bool = False, activation: str = "softmax") -> contract.Example:
+    """Batch 2, 4 query heads of 2 KV heads, queries the last ``t_q`` keys with causal
+    lengths, but row 1's first five see 0, 1, 3, 9 and 15 keys (fewer than the bins); a
+    random ranking, empty bins negative; ``mapped``: ranks map to a random permutation of
+    the positions; ``biased``: ALiBi's distance penalty."""
+    qkv = contract.attention_inputs(gen, t_q=t_q, t_k=t_k)
+    lengths = torch.arange(t_k - t_q, t_k).add(1).expand(2, t_q).clone()
+    lengths[1, :5] = torch.tensor([0, 1, 3, 9, 15])
+    edges = bin_edges(lengths, n_bins)
+    empty = (edges[..., 1:] == edges[..., :-1]).unsqueeze(1)
+    ranking = torch.rand(2, 4, t_q, n_bins, generator=gen, dtype=torch.float64)
+    positions = torch.arange(t_k, dtype=torch.float64)
+    return contract.Example(
+        {**qkv, "ranking": ranking.masked_fill(empty, -1.0), "lengths": lengths,
+         "k_per_head": k_per_head, "scale": 0.3, "group": group, "activation": activation,
+         "sigmoid_bias": -2.0,
+         "row_scale": torch.rand(2, 4, t_q, generator=gen, dtype=torch.float64),
+         "rank_to_pos": torch.stack([torch.randperm(t_k, generator=gen) for _ in range(2)])
+         if mapped else None,
+         "score_bias": DistanceBias(torch.rand(4, generator=gen, dtype=torch.float64),
+                                    positions[-t_q:], positions) if biased else None},
+        contract.attention_shape(qkv), options={"causal": True, "dense": dense})
+
+
+contract.register(contract.OpContract(
+    "selected_attention", selected_attention, selected_attention_naive, _example,
+    cases=(
+        *contract.grid(group=("heads", "head", "batch"), dense=(False, True)),  # 2 blocks of rows
+        *contract.grid(activation=("softmax1", "sigmoid"), dense=(False, True)),
+        *contract.grid(label="alibi", biased=(True,), dense=(False, True)),
+        # sparse, bins capped at k, every key
+        *contract.grid(label="long", t_q=(40,), t_k=(300,), k_per_head=(3, 20, 400)),
+        contract.Case("unmapped", {"mapped": False}),
+    ),
+    grads=("q", "k", "v", "row_scale"),
+    low_precision=contract.FLOAT32,  # a bfloat16 ranking ties: its top-k is not the reference's
+))

@@ -20,8 +20,10 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from attnlab.ops import contract
 from attnlab.ops.attention.activations import check_activation
-from attnlab.ops.attention.bias import BiasFn
+from attnlab.ops.attention.bias import BiasFn, DistanceBias
+from attnlab.ops.sparse_attention.naive import cell_attention_naive
 from attnlab.ops.sparse_attention.validation import check_cell_inputs
 
 SLOTS_PER_CHUNK = 32768
@@ -127,3 +129,39 @@ def cell_attention(
         else:
             pieces.append(_chunk(*args))
     return torch.cat(pieces, dim=1).transpose(1, 2).to(q.dtype)
+
+
+def _example(gen: torch.Generator, *, hk: int = 2, t: int = 20, cells: int = 3, width: int = 4,
+             row_scale: bool = True, biased: bool = False, activation: str = "softmax"
+             ) -> contract.Example:
+    """Batch 2, 4 query heads; per row ``cells`` cells on random heads, each a run of up to
+    ``width`` keys (the runs of a row never overlap), row 3 with no valid key; ``biased``:
+    a distance penalty per head."""
+    b, h = 2, 4
+    qkv = contract.attention_inputs(gen, b=b, h=h, hk=hk, t_q=t, t_k=t)
+    head = torch.randint(0, h, (b, t, cells), generator=gen)
+    start = torch.arange(cells) * width + torch.randint(0, t, (b, t, 1), generator=gen)
+    valid = torch.rand(b, t, cells, width, generator=gen) < 0.8
+    valid[:, min(3, t - 1)] = False
+    positions = torch.arange(t, dtype=torch.float64)
+    return contract.Example(
+        {**qkv, "cell_head": head, "key_index": (start[..., None] + torch.arange(width)) % t,
+         "key_valid": valid, "scale": 0.3, "activation": activation, "sigmoid_bias": -1.5,
+         "row_scale": torch.rand(b, h, t, generator=gen, dtype=torch.float64)
+         if row_scale else None,
+         "score_bias": DistanceBias(torch.rand(h, generator=gen, dtype=torch.float64),
+                                    positions, positions) if biased else None},
+        contract.attention_shape(qkv), options={"query_chunk": 6})
+
+
+contract.register(contract.OpContract(
+    "cell_attention", cell_attention, cell_attention_naive, _example,
+    cases=(
+        *contract.grid(hk=(4, 2, 1), row_scale=(True, False)),
+        *contract.grid(activation=("softmax1", "sigmoid"), biased=(False, True)),
+        contract.Case("biased", {"biased": True}),
+        contract.Case("one-query-one-key", {"t": 1, "cells": 1, "width": 1}),
+    ),
+    grads=("q", "k", "v", "row_scale"),
+    low_precision=contract.FLOAT32_BFLOAT16,
+))

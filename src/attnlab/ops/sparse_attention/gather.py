@@ -16,6 +16,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from attnlab.ops import contract
+from attnlab.ops.sparse_attention.naive import sparse_attention_naive
 from attnlab.ops.sparse_attention.validation import check_sparse_inputs
 
 SLOTS_PER_CHUNK = 16384
@@ -199,3 +201,42 @@ def sparse_attention(
     return _SparseAttention.apply(
         q, k, v, key_index, key_valid, row_scale, float(scale), int(query_chunk)
     )
+
+
+def _example(gen: torch.Generator, *, h: int = 4, hk: int = 2, t_q: int = 30, t_k: int = 23,
+             slots: int = 6, causal: bool = False, row_scale: bool = True,
+             query_chunk: int = 7) -> contract.Example:
+    """Batch 2, ``slots`` distinct keys per row: random ones, some slots invalid (holding -1
+    or a key), rows 0 and 5 empty; or (``causal``) random keys of each row's prefix, all of
+    it when shorter."""
+    b = 2
+    qkv = contract.attention_inputs(gen, b=b, h=h, hk=hk, t_q=t_q, t_k=t_k)
+    order = torch.rand(b, h, t_q, t_k, generator=gen, dtype=torch.float64)
+    if causal:
+        future = torch.arange(t_k)[None, :] > torch.arange(t_k - t_q, t_k)[:, None]
+        index = order.masked_fill(future, 2.0).argsort(-1)[..., :slots]
+        valid = index <= torch.arange(t_k - t_q, t_k)[:, None]
+    else:
+        index = order.argsort(-1)[..., :slots]
+        valid = torch.rand(b, h, t_q, slots, generator=gen) < 0.7
+        valid[:, :, [0, min(5, t_q - 1)]] = False
+        index = index.masked_fill(~valid & (torch.rand(valid.shape, generator=gen) < 0.5), -1)
+    return contract.Example(
+        {**qkv, "key_index": index, "key_valid": valid, "scale": 0.3,
+         "row_scale": torch.rand(b, h, t_q, generator=gen, dtype=torch.float64)
+         if row_scale else None},
+        contract.attention_shape(qkv), options={"query_chunk": query_chunk})
+
+
+contract.register(contract.OpContract(
+    "sparse_attention", sparse_attention, sparse_attention_naive, _example,
+    cases=(
+        *contract.grid(hk=(4, 2, 1), row_scale=(True, False)),
+        contract.Case("causal-prefix", {"h": 3, "hk": 3, "t_q": 40, "t_k": 40, "slots": 8,
+                                        "causal": True, "query_chunk": 16}),
+        contract.Case("no-slots", {"slots": 0}),
+        contract.Case("one-query-one-key", {"t_q": 1, "t_k": 1, "slots": 1}),
+    ),
+    grads=("q", "k", "v", "row_scale"),
+    low_precision=contract.FLOAT32_BFLOAT16,
+))

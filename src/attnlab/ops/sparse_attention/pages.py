@@ -18,7 +18,13 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from attnlab.ops.attention.masks import expand_kv_heads, masked_attention
+from attnlab.ops import contract
+from attnlab.ops.attention.masks import (
+    expand_kv_heads,
+    key_ranks,
+    masked_attention,
+    rank_positions,
+)
 from attnlab.ops.sparse_attention.runs import run_attention
 
 
@@ -90,3 +96,32 @@ def attend_pages_naive(q: Tensor, k: Tensor, v: Tensor, selection: PageSelection
     """Reference of :func:`attend_pages`: masked dense attention over the same keys."""
     keep = expand_kv_heads(selection_keep(selection, k.shape[-2]), q.shape[1])
     return masked_attention(q, k, v, keep, scale)
+
+
+def _example(gen: torch.Generator, *, padded: bool = False, causal: bool = True,
+             t_q: int = 21, t_k: int = 21, n: int = 3) -> contract.Example:
+    """Batch 2, 6 query heads of 2 KV heads, pages of 3 keys; each row reads ``n`` random
+    distinct pages (about 1 in 5 slots unused); padding: a hole, and left padding."""
+    qkv = contract.attention_inputs(gen, h=6, t_q=t_q, t_k=t_k)
+    padding = contract.padding_mask(2, t_k) if padded else None
+    ranks = key_ranks(padding, 2, t_k, None)
+    n_pages = -(-t_k // 3)
+    pages = torch.rand(2, 2, t_q, n_pages, generator=gen).topk(min(n, n_pages), -1).indices
+    pages = pages.masked_fill(torch.rand(pages.shape, generator=gen) < 0.2, -1)
+    q_ranks = ranks[:, -t_q:]
+    limit = q_ranks + 1 if causal else (ranks.max(-1, keepdim=True).values + 1).expand_as(q_ranks)
+    selection = PageSelection(pages, 3, limit.masked_fill(q_ranks < 0, 0),
+                              None if padding is None else rank_positions(padding))
+    return contract.Example({**qkv, "selection": selection, "scale": 0.4},
+                            contract.attention_shape(qkv))
+
+
+contract.register(contract.OpContract(
+    "attend_pages", attend_pages, attend_pages_naive, _example,
+    cases=(
+        *contract.grid(padded=(False, True), causal=(True, False)),
+        *contract.grid(label="cache", padded=(True,), t_q=(1, 5)),
+        *contract.grid(label="one-key", t_q=(1,), t_k=(1,)),
+    ),
+    low_precision=contract.FLOAT32_BFLOAT16,
+))

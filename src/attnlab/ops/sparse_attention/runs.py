@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnlab.ops import contract
 from attnlab.ops.attention.bias import BiasFn, DistanceBias
 from attnlab.ops.sparse_attention import native
 from attnlab.ops.sparse_attention.cells import cell_attention
@@ -133,3 +134,46 @@ def run_attention_naive(
     return cell_attention_naive(q, k, v, cell_head, index, valid, scale=scale,
                                 row_scale=row_scale, score_bias=score_bias,
                                 activation=activation, sigmoid_bias=sigmoid_bias)
+
+
+def _example(gen: torch.Generator, *, hk: int = 2, t: int = 16, runs: int = 4,
+             mapped: bool = True, row_scale: bool = True, biased: bool = False,
+             symmetric: bool = False, activation: str = "softmax") -> contract.Example:
+    """Batch 2, 4 query heads; per row ``runs`` disjoint runs of ranks on random heads (some
+    thinned, some unused), row 2 with no key; ``mapped``: ranks map to a random permutation
+    of the positions; ``biased``: ALiBi's distance penalty."""
+    b, h = 2, 4
+    qkv = contract.attention_inputs(gen, b=b, h=h, hk=hk, t_q=t, t_k=t)
+    width = torch.randint(1, max(2, t // runs), (b, t, runs), generator=gen)
+    lo = (width + torch.randint(0, 2, (b, t, runs), generator=gen)).cumsum(-1) - width
+    fits = lo + width <= t
+    count = torch.where(torch.rand(b, t, runs, generator=gen) < 0.3, (width + 1) // 2, width)
+    count = torch.where(fits & (torch.rand(b, t, runs, generator=gen) < 0.85), count, 0)
+    count[:, min(2, t - 1)] = 0
+    positions = torch.arange(t, dtype=torch.float64)
+    return contract.Example(
+        {**qkv, "cell_head": torch.randint(0, h, (b, t, runs), generator=gen),
+         "cell_lo": lo.masked_fill(~fits, 0), "cell_count": count,
+         "cell_width": width.masked_fill(~fits, 1), "scale": 0.4, "activation": activation,
+         "sigmoid_bias": -1.5,
+         "rank_to_pos": torch.stack([torch.randperm(t, generator=gen) for _ in range(b)])
+         if mapped else None,
+         "row_scale": torch.rand(b, h, t, generator=gen, dtype=torch.float64)
+         if row_scale else None,
+         "score_bias": DistanceBias(torch.rand(h, generator=gen, dtype=torch.float64),
+                                    positions, positions, symmetric) if biased else None},
+        contract.attention_shape(qkv), options={"query_chunk": 5})
+
+
+contract.register(contract.OpContract(
+    "run_attention", run_attention, run_attention_naive, _example,
+    cases=(
+        *contract.grid(hk=(4, 2, 1), mapped=(True, False)),
+        *contract.grid(label="alibi", biased=(True,), symmetric=(False, True)),
+        *contract.grid(activation=("softmax1", "sigmoid"), row_scale=(False,)),
+        contract.Case("long-runs", {"t": 24, "runs": 2}),
+        contract.Case("one-query-one-key", {"t": 1, "runs": 1}),
+    ),
+    grads=("q", "k", "v", "row_scale"),
+    low_precision=contract.FLOAT32_BFLOAT16,
+))
