@@ -1,16 +1,19 @@
-"""Sink + sliding-window attention: which keys a row reads, causality, refusals and the cache
-columns (the blocked fast path against the dense reference: test_contract)."""
+"""Sink + sliding-window attention: which keys a row reads, causality, refusals, the cache
+columns and the decoding rows' native path (the fast paths against the dense reference:
+test_contract)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from attnlab.ops.attention import window as window_module
 from attnlab.ops.attention.window import (
     window_attention,
     window_attention_naive,
     window_cache_columns,
 )
+from attnlab.ops.sparse_attention import native
 from attnlab.utils.testing import assert_close
 
 F64 = torch.float64
@@ -81,3 +84,22 @@ def test_later_queries_read_the_same_from_the_kept_keys(sinks, window, t_new):
     trimmed = window_attention(q, k[..., columns, :], v[..., columns, :],
                                key_padding_mask=mask[:, columns], **kw)
     assert_close("window from kept keys", full, trimmed, 1e-13)
+
+
+@pytest.mark.skipif(not native.available(), reason="the native kernel is not built")
+def test_decoding_rows_under_padding_read_their_own_window_natively(monkeypatch):
+    """Batch 8, each row left-padded differently, one new token: each row's sinks and window
+    go to the run kernel (not the union of the batch's windows) and equal the reference."""
+    calls = []
+    runs = window_module.run_attention
+    monkeypatch.setattr(window_module, "run_attention",
+                        lambda *a, **kw: calls.append(a[3].shape) or runs(*a, **kw))
+    q, k, v = (x.float() for x in _qkv(b=8, t_q=1, t_k=60))
+    mask = torch.arange(60)[None] >= torch.arange(0, 40, 5)[:, None]  # 0..35 padding keys
+    with torch.no_grad():
+        out = window_attention(q, k, v, scale=0.3, sinks=2, window=7, key_padding_mask=mask)
+    assert calls == [(8, 1, 2 * 4)]  # two runs per query head
+    ref = window_attention_naive(q.double(), k.double(), v.double(), scale=0.3, sinks=2,
+                                 window=7, key_padding_mask=mask)
+    assert_close("window runs", ref, out.double(), 1e-5)
+

@@ -15,9 +15,15 @@ import torch
 from torch import Tensor
 
 from attnlab.ops import contract
-from attnlab.ops.attention.masks import key_ranks, masked_attention
+from attnlab.ops.attention.masks import key_ranks, masked_attention, rank_positions
+from attnlab.ops.sparse_attention import native
+from attnlab.ops.sparse_attention.runs import run_attention
 
 QUERY_BLOCK = 256
+RUN_ROWS = 16
+"""Up to this many query rows (decoding), without autograd or score bias, each row reads its
+own sinks and window as two runs through the native kernel: the blocks' shared key columns
+would be the union of the batch's windows under padding, at batch 8 about nine windows."""
 
 
 def _allowed(ranks: Tensor, counts: Tensor, q_pos: Tensor, k_pos: Tensor, sinks: int,
@@ -101,6 +107,9 @@ def window_attention(
     b, t_q, t_k = q.shape[0], q.shape[-2], k.shape[-2]
     ranks = key_ranks(key_padding_mask, b, t_k, q.device)
     counts = _counts(ranks)
+    if t_q <= RUN_ROWS and score_bias is None and native.supports(q, k, v):
+        return _window_runs(q, k, v, counts[:, t_k - t_q:] - 1, scale, sinks, window,
+                            None if key_padding_mask is None else rank_positions(key_padding_mask))
     sink_end = _sink_end(counts, sinks)
     out = []
     for start in range(0, t_q, QUERY_BLOCK):
@@ -121,6 +130,24 @@ def window_attention(
         out.append(masked_attention(q[..., start:stop, :], k[..., k_pos, :], v[..., k_pos, :],
                                     allowed, scale, bias))
     return torch.cat(out, dim=-2)
+
+
+def _window_runs(q: Tensor, k: Tensor, v: Tensor, q_rank: Tensor, scale: float, sinks: int,
+                 window: int, rank_to_pos: Tensor | None) -> Tensor:
+    """Each query row over two runs of ranks per head: the sinks ``[0, min(sinks, r + 1))``
+    and the window ``[max(sinks, r - window + 1), r + 1)``, ``r`` ``[B, Tq]`` the rank of the
+    row's last real key (-1: none)."""
+    n_heads = q.shape[1]
+    ends = (q_rank + 1).clamp_min(0)
+    sink_count = ends.clamp_max(sinks)
+    window_lo = (ends - window).clamp_min(sinks)
+    lo = torch.stack((torch.zeros_like(ends), window_lo), -1)
+    count = torch.stack((sink_count, (ends - window_lo).clamp_min(0)), -1)
+    head = torch.arange(n_heads, device=q.device).repeat_interleave(2)
+    shape = (*q_rank.shape, 2 * n_heads)
+    lo, count = lo.repeat(1, 1, n_heads), count.repeat(1, 1, n_heads)
+    return run_attention(q, k, v, head.expand(shape), lo, count, count, scale=scale,
+                         rank_to_pos=rank_to_pos, validate=False)
 
 
 def window_attention_naive(
