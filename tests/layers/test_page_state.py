@@ -84,6 +84,21 @@ def test_steps_of_several_tokens_equal_the_full_pass():
     assert_close("decoded by 5", full[..., PAD:, :], out[..., PAD:, :], 1e-13)
 
 
+@pytest.mark.skipif(not native.available(), reason="the native kernel is not built")
+def test_a_bfloat16_state_keeps_16_bit_features_and_equals_the_full_pass():
+    """The features sit beside the cache in the model's dtype (half the memory of float32's),
+    and the full pass reads the same rounded features, so decoding still equals it."""
+    layer = core("sea_pages").to(torch.bfloat16)
+    q, k, v, mask = (x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs(3))
+    with torch.no_grad():
+        full = layer(q, k, v, scale=0.4, key_padding_mask=mask).out
+        out, used = decode(layer, q, k, v, mask, first=7, step=1)
+        state = layer(q, k, v, scale=0.4, key_padding_mask=mask).state
+    assert used == T - 7 and state.pages.features.dtype == torch.bfloat16
+    assert_close("decoded in bfloat16", full[..., PAD:, :].double(),
+                 out[..., PAD:, :].double(), 2 * torch.finfo(torch.bfloat16).eps)
+
+
 def test_a_state_of_other_keys_is_not_used_and_a_new_one_starts():
     layer = core("quest")
     q, k, v, mask = inputs(2)

@@ -30,7 +30,8 @@ def attend_best_pages_reference(
 ) -> Tensor:
     """:func:`attend_best_pages` in PyTorch ops (differentiable in q, k and v)."""
     n_pages = features.shape[2]
-    logits = scorer_logits(scorer, q.detach().to(features.dtype), features,
+    compute = torch.promote_types(features.dtype, torch.float32)  # 16-bit features widened
+    logits = scorer_logits(scorer, q.detach().to(compute), features.to(compute),
                            q_ranks.clamp_min(0) // page, scale)
     readable, forced = page_masks(n_real, q_ranks, n_pages, page, sink_pages, local_pages,
                                   causal)

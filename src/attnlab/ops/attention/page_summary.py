@@ -83,10 +83,11 @@ SPARE_PAGES = 64
 class PageFeatures:
     """A scorer's features of each page (``featurize``: a function of a
     :class:`PageSummary` to ``[B, ., P, F]``, each page's from its own summary), kept in
-    room (:data:`SPARE_PAGES` more, then doubling); pages refreshed later are summarised
-    from keys cast to the features' dtype. A decoding state refreshes a page's features when
-    the page is complete: a page is scored only as a candidate, before the query's own page,
-    so the features of a page still filling are never read."""
+    room (:data:`SPARE_PAGES` more, then doubling) in their dtype; pages refreshed later are
+    summarised from their keys in at least float32, then kept in that dtype. A decoding
+    state refreshes a page's features when the page is complete: a page is scored only as a
+    candidate, before the query's own page, so the features of a page still filling are
+    never read."""
 
     def __init__(self, features: Tensor, featurize: Callable[[PageSummary], Tensor]) -> None:
         """Start from the features ``[B, ., P, F]`` of the first ``P`` pages."""
@@ -116,7 +117,8 @@ class PageFeatures:
                 rank_to_pos: Tensor | None) -> None:
         """(Re)compute the features of pages ``index`` ``[B, m]`` (held: :meth:`cover`) from
         their keys (:func:`summarize_pages`)."""
+        compute = torch.promote_types(self.dtype, torch.float32)
         features = self.featurize(summarize_pages(k, index, page, n_real, rank_to_pos,
-                                                  self.dtype))
+                                                  compute)).to(self.dtype)
         at = index[:, None, :, None].expand(*features.shape[:2], -1, features.shape[-1])
         self._room.scatter_(2, at, features)

@@ -206,11 +206,12 @@ def page_attention_native(
     :func:`~attnlab.ops.attention.page_step.attend_best_pages`); callers check
     :func:`supports` first. query_features ``[B, H, Tq, F]``, features ``[B, Hk or H, P, F]``
     (a row of F contiguous), bias ``[H, n_buckets]`` or None, q_rank ``[B, Tq]``, n_real
-    ``[B]``. Returns ``[B, H, Tq, Dv]``."""
+    ``[B]``. The features are read in q's dtype (a bfloat16 model's in 16 bits), the rest in
+    the compute dtype. Returns ``[B, H, Tq, Dv]``."""
     out, args, _alive = _common_inputs(q, k, v, None, rank_to_pos, scale, None)
     compute = COMPUTE[q.dtype]
     query = query_features.to(compute).contiguous()
-    feats = features.to(compute)
+    feats = features.to(q.dtype)
     feats = feats if feats.stride(-1) == 1 else feats.contiguous()
     strides = (ctypes.c_int64 * 3)(*feats.stride()[:3])
     table = None if bias is None else bias.detach().to(compute).contiguous()

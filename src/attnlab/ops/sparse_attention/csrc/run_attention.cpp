@@ -306,10 +306,12 @@ inline int64_t distance_bucket(int64_t d, int64_t n) {
 }
 
 // What a page selector's step needs beside the attention's inputs (see page_attention).
-template <typename T>
+// The page features are stored like the keys (S: a bfloat16 model keeps them in 16 bits) and
+// widened to T in the dot products.
+template <typename S, typename T>
 struct PageScores {
   const T* qf;         // [B, H, Tq, F] query features
-  const T* feat;       // page features of KV head (Hf == Hk) or query head (Hf == H)
+  const S* feat;       // page features of KV head (Hf == Hk) or query head (Hf == H)
   const int64_t* fs;   // feat's batch, head and page strides (a row of F is contiguous)
   int64_t Hf, P, F;
   const T* bias;       // [H, n_buckets] added by page distance, or null
@@ -328,7 +330,7 @@ struct PageScores {
 // (the first sink_pages, and the local_pages up to the query's own); then each head of the
 // group attends to the kept pages' keys (ranks below the query's own + 1 when causal).
 template <typename S, typename T>
-void page_attention(const Inputs<S, T>& in, const PageScores<T>& ps, int n_threads) {
+void page_attention(const Inputs<S, T>& in, const PageScores<S, T>& ps, int n_threads) {
   const int64_t per = in.H / in.Hk;
 #pragma omp parallel num_threads(n_threads)
   {
@@ -354,7 +356,7 @@ void page_attention(const Inputs<S, T>& in, const PageScores<T>& ps, int n_threa
         for (int64_t j = 0; j < per && n > 0; ++j) {
           const int64_t h = g * per + j, hf = ps.Hf == in.H ? h : g;
           const T* qh = ps.qf + ((b * in.H + h) * in.Tq + t) * ps.F;
-          const T* fh = ps.feat + b * ps.fs[0] + hf * ps.fs[1];
+          const S* fh = ps.feat + b * ps.fs[0] + hf * ps.fs[1];
           int64_t c = 0;
           for (; c + 4 <= n; c += 4) {  // four pages at a time, as the keys' scores
             const int64_t* p = order.data() + c;
@@ -432,11 +434,11 @@ extern "C" {
                            n_threads);                                                       \
   }                                                                                          \
   void attnlab_page_attention_##SUFFIX(                                                      \
-      ATTNLAB_INPUTS(S, T), const T* qf, const T* feat, const int64_t* fs, int64_t Hf,       \
+      ATTNLAB_INPUTS(S, T), const T* qf, const S* feat, const int64_t* fs, int64_t Hf,       \
       int64_t P, int64_t F, const T* bias, int64_t n_buckets, const int64_t* q_rank,          \
       const int64_t* n_real, int64_t page, int64_t sink_pages, int64_t local_pages,           \
       int64_t n_top, int causal, double logit_scale, int n_threads) {                         \
-    const PageScores<T> scores{qf,      feat,       fs,          Hf,    P,      F,           \
+    const PageScores<S, T> scores{qf,   feat,       fs,          Hf,    P,      F,           \
                                bias,    n_buckets,  q_rank,      n_real, page,  sink_pages,  \
                                local_pages, n_top,  causal,      T(logit_scale)};             \
     page_attention<S, T>(ATTNLAB_PACK(S, T), scores, n_threads);                             \
