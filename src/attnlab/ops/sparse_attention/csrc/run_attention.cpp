@@ -300,8 +300,7 @@ void select_attention(const Inputs<S, T>& in, const T* ranking, const int64_t* l
 
 // floor(log2(d + 1)) of a page distance d >= 0, at most n - 1 (PageEstimator's bucket)
 inline int64_t distance_bucket(int64_t d, int64_t n) {
-  int64_t bits = 0;
-  for (uint64_t x = static_cast<uint64_t>(d) + 1; x > 1; x >>= 1) ++bits;
+  const int64_t bits = 63 - __builtin_clzll(static_cast<unsigned long long>(d) + 1);
   return std::min(bits, n - 1);
 }
 
@@ -336,7 +335,7 @@ void page_attention(const Inputs<S, T>& in, const PageScores<S, T>& ps, int n_th
   {
     RowAttention<S, T> row_attention(in, ps.page);
     std::vector<T> logit(ps.P), mass(ps.P);
-    std::vector<int64_t> order(ps.P);
+    std::vector<int64_t> order(ps.P), bucket(ps.bias ? ps.P : 0);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < in.B * in.Tq * in.Hk; ++item) {
       const int64_t row = item / in.Hk, g = item % in.Hk;
@@ -353,6 +352,9 @@ void page_attention(const Inputs<S, T>& in, const PageScores<S, T>& ps, int n_th
         for (int64_t p = 0; p < readable; ++p)
           if (!forced(p)) order[n++] = p;
         std::fill(mass.begin(), mass.begin() + readable, T(0));
+        if (ps.bias)  // a candidate's distance bucket, shared by the group's heads
+          for (int64_t c = 0; c < n; ++c)
+            bucket[c] = distance_bucket(std::abs(own - order[c]), ps.n_buckets);
         for (int64_t j = 0; j < per && n > 0; ++j) {
           const int64_t h = g * per + j, hf = ps.Hf == in.H ? h : g;
           const T* qh = ps.qf + ((b * in.H + h) * in.Tq + t) * ps.F;
@@ -364,14 +366,12 @@ void page_attention(const Inputs<S, T>& in, const PageScores<S, T>& ps, int n_th
                  fh + p[3] * ps.fs[2], ps.F, ps.logit_scale, logit.data() + c);
           }
           for (; c < n; ++c) logit[c] = ps.logit_scale * dot(qh, fh + order[c] * ps.fs[2], ps.F);
-          T top = std::numeric_limits<T>::lowest();
-          for (c = 0; c < n; ++c) {
-            if (ps.bias) {
-              const int64_t d = std::abs(own - order[c]);
-              logit[c] += ps.bias[h * ps.n_buckets + distance_bucket(d, ps.n_buckets)];
-            }
-            top = std::max(top, logit[c]);
+          if (ps.bias) {
+            const T* bias_h = ps.bias + h * ps.n_buckets;
+            for (c = 0; c < n; ++c) logit[c] += bias_h[bucket[c]];
           }
+          T top = std::numeric_limits<T>::lowest();
+          for (c = 0; c < n; ++c) top = std::max(top, logit[c]);
           T sum = 0;
 #pragma omp simd reduction(+ : sum)
           for (c = 0; c < n; ++c) {
