@@ -27,6 +27,14 @@ decode_b8() {  # batch 8 (left padded) at 8k; four models' caches fit the 24 GB 
     --steps 4 --reps 3 --json "$OUT/decode-b8.json"
 }
 
+decode_b8_rerun() {  # decode_b8 without Quest, after the window's per-row runs and the
+                     # features kept in the model's dtype: three models' caches, where another
+                     # process held 8 GB of the box (Quest's figures stay decode_b8's)
+  "${A[@]:0:12}" --core "{name: sea_pages, budget: 256, estimators: smollm2-135m}" \
+    --dtypes float32,bfloat16 --seq-lens 8192 --batches 8 --prefill-batches '' --steps 4 \
+    --reps 3 --json "$OUT/decode-b8-rerun.json"
+}
+
 prefill() {  # one 8k prompt, float32
   "${A[@]}" --dtypes float32 --seq-lens 8192 --batches 1 --prefill-batches 1 --steps 2 \
     --reps 2 --json "$OUT/prefill-8192.json"
@@ -40,7 +48,7 @@ busy() {  # batch 1 at 4k and 8k, float32, while another process keeps one core 
     --steps 8 --reps 3 --json "$OUT/decode-b1-busy.json"
 }
 
-STEPS=(decode_b1 decode_b8 prefill busy)
+STEPS=(decode_b1 decode_b8 prefill busy decode_b8_rerun)
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step
