@@ -27,8 +27,9 @@ from attnlab.distill.pair import DistillPair, Forward
 from attnlab.distill.student import param_groups
 from attnlab.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from attnlab.train.distributed import Dist, rank_device
-from attnlab.train.runner import Cadence, MetricsLog, RunFolder, Runner, StepResult, peak_rss_mb
+from attnlab.train.runner import MetricsLog, RunFolder, Runner, peak_rss_mb
 from attnlab.train.schedules import warmup_constant
+from attnlab.train.steps import Cadence, StepResult
 from attnlab.utils.io import atomic_write_json
 
 logger = logging.getLogger(__name__)
