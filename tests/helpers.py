@@ -1,9 +1,15 @@
 """Small helpers shared by tests."""
 
+import contextlib
 import hashlib
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import yaml
+
+from attnlab.layers import Registry
 
 
 def tree_checksums(root: Path) -> dict[str, str]:
@@ -30,3 +36,20 @@ def tiny_run_config(corpus: Path, cache_dir: Path, steps: int, batch_size: int =
             "train": {"steps": steps, "batch_size": batch_size, "seq_len": 32,
                       "eval_every": 0, "eval_tokens": 512, "final_eval_tokens": 512,
                       "ckpt_every": steps, "log_every": steps}}
+
+
+@contextlib.contextmanager
+def plugin_module(folder: Path, monkeypatch: pytest.MonkeyPatch, name: str, code: str,
+                  registry: Registry, part: str) -> Iterator[str]:
+    """``code`` saved as module ``name`` in ``folder`` (the working directory, as a user runs
+    ``attnlab --plugin name``); afterwards the module is forgotten and the ``part`` it
+    registers in ``registry`` removed."""
+    (folder / f"{name}.py").write_text(code)
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        yield name
+    finally:
+        sys.modules.pop(name, None)
+        if part in registry.names():
+            registry.unregister(part)

@@ -5,13 +5,12 @@ what those need (a MAC formula, a budget, a marker) is declared at registration.
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
 from attnlab.cli import main
 from attnlab.layers import CORES
-from tests.helpers import dump_config
+from tests.helpers import dump_config, plugin_module
 
 PLUGIN = '''
 from attnlab.layers import CORES
@@ -33,13 +32,8 @@ def _my_window(ctx, options, dropout):
 
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
-    (tmp_path / "my_cores.py").write_text(PLUGIN)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    yield "my_cores"
-    sys.modules.pop("my_cores", None)
-    if "my_window" in CORES.names():
-        CORES.unregister("my_window")
+    with plugin_module(tmp_path, monkeypatch, "my_cores", PLUGIN, CORES, "my_window") as name:
+        yield name
 
 
 def macs_of(core, tmp_path, capsys, plugin):

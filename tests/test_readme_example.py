@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import torch
 
 from attnlab.cli import main
 from attnlab.layers import POSITIONS, Attention, AttentionConfig, LayerContext
-from tests.helpers import dump_config
+from tests.helpers import dump_config, plugin_module
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -33,13 +32,9 @@ def example_code(name: str = "own-variant") -> str:
 
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
-    (tmp_path / "my_variants.py").write_text(example_code())
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    yield "my_variants"
-    sys.modules.pop("my_variants", None)
-    if "log_decay" in POSITIONS.names():
-        POSITIONS.unregister("log_decay")
+    with plugin_module(tmp_path, monkeypatch, "my_variants", example_code(), POSITIONS,
+                       "log_decay") as name:
+        yield name
 
 
 def test_the_example_is_about_twenty_lines():
