@@ -52,7 +52,12 @@ class DenseMLP(nn.Module):
         return self.down(self.dropout(self.act(self.up(x)))), {}
 
 
-@MLPS.register("dense", DenseMLPOptions, macs_per_token=lambda d, d_ff, options: 2 * d * d_ff)
+def dense_macs_per_token(d_model: int, d_ff: int, options: DenseMLPOptions) -> int:
+    """Forward MACs of one token: the up and down projections."""
+    return 2 * d_model * d_ff
+
+
+@MLPS.register("dense", DenseMLPOptions, macs_per_token=dense_macs_per_token)
 def _dense(ctx: MLPContext, options: DenseMLPOptions) -> DenseMLP:
     """Two-layer dense feed-forward block."""
     return DenseMLP(ctx, options)
@@ -75,8 +80,12 @@ class SwiGLUMLP(nn.Module):
         return self.down(self.dropout(F.silu(self.gate(x)) * self.up(x))), {}
 
 
-@MLPS.register("swiglu", NoOptions,  # gate, up and down
-               macs_per_token=lambda d, d_ff, options: 3 * d * d_ff)
+def swiglu_macs_per_token(d_model: int, d_ff: int, options: NoOptions) -> int:
+    """Forward MACs of one token: the gate, up and down projections."""
+    return 3 * d_model * d_ff
+
+
+@MLPS.register("swiglu", NoOptions, macs_per_token=swiglu_macs_per_token)
 def _swiglu(ctx: MLPContext, options: NoOptions) -> SwiGLUMLP:
     """SwiGLU feed-forward block (Llama's)."""
     return SwiGLUMLP(ctx, options)
