@@ -208,3 +208,17 @@ def test_model_macs_per_token_matches_flop_counter(
         model(torch.randint(0, 100, (1, t)))
     counted = counter.get_total_flops() // 2
     assert abs(cost["model_macs_per_token"] * t - counted) <= 0.02 * counted
+
+
+@pytest.mark.parametrize("name", ["dense", "swiglu", "sigma_moe"])
+def test_a_built_mlp_carries_a_picklable_cost(name: str) -> None:
+    """A built part holds its traits (its MAC formula among them), so the formula must be a
+    named function: a lambda would make the model unpicklable."""
+    import pickle
+
+    from attnlab.config import PartSpec
+    from attnlab.layers import MLPS, MLPContext
+
+    mlp = MLPS.build(PartSpec(name), ctx=MLPContext(16, 64, 0.0, 0, 1, 1.0))
+    assert mlp.traits["macs_per_token"](16, 64, MLPS.options(PartSpec(name))) > 0
+    pickle.loads(pickle.dumps(mlp))
