@@ -225,6 +225,9 @@ BAD = {
     "dtype": (["--dtypes", "float64"], "'float64'.*valid: float32, bfloat16"),
     "core option": (["--core", "{name: sea, kk: 3}"], "unknown config key 'core:sea.kk'"),
     "cuda": (["--device", "cuda"], "'cuda' is not available"),
+    "llama.cpp without a GGUF": (["--llama-cpp"], "--llama-cpp runs llama.cpp on the model's "
+                                                  "GGUF file: give --model FOLDER and "
+                                                  "--gguf-file NAME"),
 }
 
 

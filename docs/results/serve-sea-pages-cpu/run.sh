@@ -48,7 +48,14 @@ busy() {  # batch 1 at 4k and 8k, float32, while another process keeps one core 
     --steps 8 --reps 3 --json "$OUT/decode-b1-busy.json"
 }
 
-STEPS=(decode_b1 decode_b8 prefill busy decode_b8_rerun)
+llama_cpp() {  # batch 1 at 4k and 8k beside llama.cpp's dense decoding of the same GGUF (its Q4_1
+               # weights, float16 cache, flash attention; a real prefill of random tokens)
+  "${A[@]}" --llama-cpp --dtypes float32,bfloat16 --seq-lens 4096,8192 --batches 1 \
+    --prefill-batches '' --steps 8 --reps 3 --json "$OUT/decode-b1-llama-cpp.json" \
+    --plot "$OUT/decode-b1-llama-cpp.png"
+}
+
+STEPS=(decode_b1 decode_b8 prefill busy decode_b8_rerun llama_cpp)
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step

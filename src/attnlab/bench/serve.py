@@ -82,6 +82,7 @@ from attnlab.bench.serve_inputs import (
     random_cache,
     validated_grid,
 )
+from attnlab.bench.serve_reference import DecodeReference, Stepper
 from attnlab.config import ConfigError, PartSpec
 from attnlab.hf.attention import decoding_state_bytes
 from attnlab.hf.cache import InPlaceCache
@@ -187,33 +188,44 @@ def prefill_cell(models: Mapping[str, transformers.PreTrainedModel], model: Mapp
 
 def decode_cell(models: Mapping[str, transformers.PreTrainedModel], model: Mapping[str, str],
                 batch: int, seq_len: int, dtype: torch.dtype, grid: Grid,
-                device: torch.device, generator: torch.Generator) -> list[Record]:
+                device: torch.device, generator: torch.Generator,
+                references: Sequence[DecodeReference] = ()) -> list[Record]:
     """Records of cached decoding steps by every model from random caches, the last timed
-    step attending to ``seq_len`` keys."""
+    step attending to ``seq_len`` keys, and by every reference engine that runs the cell
+    (its own cache, the same steps; a skipped record with the reason where it does not)."""
     config = next(iter(models.values())).config
     kv = CacheShape.of(config)
     start = seq_len - decode_steps(grid.steps, grid.warmup, grid.reps)
     mask = left_padding_mask(pad_lengths(batch, seq_len), seq_len, device)
     token = torch.randint(0, config.vocab_size, (batch, 1), generator=generator).to(device)
-    decoders: dict[str, Decoder] = {}
+    steppers: dict[str, Stepper] = {}
+    peaks: dict[str, float | None] = {}
     for name, m in models.items():
         cache = random_cache(kv, batch, start, seq_len, dtype, device, generator)
-        decoders[name] = Decoder(m, cache, mask, token)
-    peaks = {}
-    for name, dec in decoders.items():
+        dec = Decoder(m, cache, mask, token)
         for _ in range(grid.warmup):
             dec.step()
         cache_mb = (kv.nbytes(batch, dec.length + 1, dtype)
                     + decoding_state_bytes(dec.cache)) / 2**20
         with _native_stderr_muted():
             peaks[name] = cache_mb + peak_memory_mb(dec.step, device)
+        steppers[name] = dec
+    skipped = {ref.name: ref.why_not(batch) for ref in references}
+    for ref in references:
+        if skipped[ref.name] is None:
+            stepper = ref.decoder(seq_len, start, torch.get_num_threads())
+            for _ in range(grid.warmup + 1):  # the models' warmup and memory steps
+                stepper.step()
+            steppers[ref.name], peaks[ref.name] = stepper, None
     first = start + grid.warmup + 2
-    timings = alternate({name: d.step for name, d in decoders.items()}, grid.reps, grid.steps,
+    timings = alternate({name: s.step for name, s in steppers.items()}, grid.reps, grid.steps,
                         device)
     shape = _shape(model, "decode", seq_len, batch, dtype, cache="random",
                    steps=grid.reps * grid.steps, contexts=[first, seq_len])
-    return [Record(BENCH, name, "fwd", dict(shape), timings[name].median, timings[name].min,
-                   peaks[name]) for name in models]
+    records = [Record(BENCH, name, "fwd", dict(shape), timings[name].median,
+                      timings[name].min, peaks[name]) for name in steppers]
+    return records + [Record(BENCH, name, "fwd", dict(shape), None, None, None, skipped=why)
+                      for name, why in skipped.items() if why is not None]
 
 
 # ---------------------------------------------------------------- run
@@ -281,6 +293,7 @@ def run(
     plot_path: str | os.PathLike[str] | None = None,
     seed: int = 0,
     progress: bool = True,
+    references: Sequence[DecodeReference] = (),
 ) -> list[Record]:
     """Benchmark the original model against each converted core over the grid dtypes x
     (prefill batches x seq_lens, then batches x seq_lens); returns the records, ratios
@@ -296,9 +309,12 @@ def run(
     :data:`~attnlab.bench.serve_inputs.DTYPES` (float16 on CUDA only). ``steps``: timed
     decode steps per model per round; ``reps``: rounds (prefills: timed calls per model).
     ``threads``: torch threads during the run (None: unchanged; either way at most the
-    machine's cores). Everything is validated (``ValueError`` / ``ConfigError``, nothing
-    written) before the models are converted, a core's key budget too: one not smaller than
-    the shortest length is dense attention there."""
+    machine's cores). ``references``: other engines' decoding beside the models (e.g.
+    :class:`attnlab.bench.serve_reference.LlamaCpp`), in the decode cells they run and as
+    skipped records, with the reason, in the others. Everything is validated
+    (``ValueError`` / ``ConfigError``, nothing written) before the models are converted, a
+    core's key budget too: one not smaller than the shortest length is dense attention
+    there."""
     dev = resolve_device(device)
     grid = validated_grid(seq_lens, batches, prefill_batches, dtypes, steps, warmup, reps, threads,
                           dev)
@@ -307,6 +323,10 @@ def run(
     names = model_names(specs)
     for name, spec in zip(names, specs, strict=True):
         check_budget(f"core {name}", spec, grid.seq_lens[0])
+    for ref in references:
+        if ref.name in (BASELINE, *names):
+            raise ConfigError(f"reference {ref.name!r} has the name of a model of the run")
+        ref.check(dev)
     if plot_path is not None:
         require_matplotlib()
     fingerprint = original_fingerprint(model, gguf_file=gguf_file, seed=seed)
@@ -330,14 +350,19 @@ def run(
             bar.set_postfix_str(f"{str(dtype).removeprefix('torch.')} {op} B={batch} "
                                 f"T={seq_len}")
             cell = prefill_cell if op == "prefill" else decode_cell
-            done = cell(models, identity, batch, seq_len, dtype, grid, dev, gen)
+            extra = {"references": references} if op == "decode" else {}
+            done = cell(models, identity, batch, seq_len, dtype, grid, dev, gen, **extra)
             for r in done:
-                logger.debug("%s %s B=%d T=%d %s: %.2f ms (min %.2f), %.1f MiB", dtype, op,
-                             batch, seq_len, r.name, r.ms_median, r.ms_min, r.peak_mem_mb)
+                logger.debug("%s %s B=%d T=%d %s: %s ms (min %s), %s MiB", dtype, op, batch,
+                             seq_len, r.name, r.ms_median, r.ms_min, r.peak_mem_mb)
             records += done
             bar.update()
         fill_ratios(records, BASELINE)
         add_options(records, specs)
+        by_name = {ref.name: ref for ref in references}
+        for r in records:
+            if r.name in by_name:
+                r.shape = {**r.shape, **by_name[r.name].shape(r.shape["seq_len"])}
         budgets = {name: keys_per_row(spec) for name, spec in zip(names, specs, strict=True)}
         for r in records:
             r.shape["keys_per_row"] = budgets.get(r.name)

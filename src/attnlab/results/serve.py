@@ -27,7 +27,8 @@ def summarize(records: Sequence[Record]) -> dict[str, dict[str, dict[str, dict[s
     measured cell being some of ``decode_tokens_per_s`` (``batch`` / median step time),
     ``decode_speedup`` (original's step time / this model's, = the tok/s ratio),
     ``decode_peak_mem_ratio``, ``prefill_ms``, ``prefill_speedup`` (original's ms / this
-    model's) and ``prefill_peak_mem_ratio`` (this model's peak MiB / original's)."""
+    model's) and ``prefill_peak_mem_ratio`` (this model's peak MiB / original's; absent for a
+    record without a peak, such as another engine's)."""
     base = {(r.shape["op"], *_key(r)): r for r in records if r.name == BASELINE}
     out: dict[str, dict[str, dict[str, dict[str, dict]]]] = {}
     for r in records:
@@ -43,7 +44,8 @@ def summarize(records: Sequence[Record]) -> dict[str, dict[str, dict[str, dict[s
         else:
             values["prefill_ms"] = r.ms_median
         values[f"{op}_speedup"] = ref.ms_median / r.ms_median
-        values[f"{op}_peak_mem_ratio"] = r.peak_mem_mb / ref.peak_mem_mb
+        if r.peak_mem_mb is not None:
+            values[f"{op}_peak_mem_ratio"] = r.peak_mem_mb / ref.peak_mem_mb
     return out
 
 

@@ -4,10 +4,16 @@ its attnlab-converted copies, with in-place KV caches."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnlab.cli import options
 from attnlab.cli.args import at_least, csv_list, yaml_core
 from attnlab.cli.command import Command
+from attnlab.config import ConfigError
+
+if TYPE_CHECKING:
+    from attnlab.bench.serve_reference import LlamaCpp
 
 CORES_HELP = ("converted core: a name or YAML with options (repeatable; default: "
               "'{name: sea, k: 256, predictor_length: 64}')")
@@ -36,11 +42,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=at_least(1), default=None,
                         help="torch threads during the run, at most the machine's cores "
                              "(default: unchanged)")
+    parser.add_argument("--llama-cpp", action="store_true",
+                        help="add llama.cpp's dense decoding of the same GGUF file as a row "
+                             "(batch 1, cpu; needs --gguf-file and attnlab[llama-cpp], else "
+                             "skipped with a note)")
     options.add_device(parser, help=options.DEVICE_HELP)
     options.add_json(parser, help="save records and the summary as JSON")
     options.add_plot(parser, help="decode tokens/s vs context length (needs matplotlib: "
                                   "attnlab[plot])")
     options.add_force(parser)
+
+
+def llama_cpp_reference(model: str | None, gguf_file: str | None) -> LlamaCpp:
+    """The llama.cpp row of ``--llama-cpp``: ``ConfigError`` unless the model is a GGUF file."""
+    from attnlab.bench.serve_reference import LlamaCpp
+
+    if model is None or gguf_file is None:
+        raise ConfigError("--llama-cpp runs llama.cpp on the model's GGUF file: give --model "
+                          "FOLDER and --gguf-file NAME")
+    return LlamaCpp(Path(model) / gguf_file)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,13 +69,16 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.results import serve as serve_report
 
     cores = [yaml_core(c) for c in args.core] or list(serve.DEFAULT_CORES)
+    references = [llama_cpp_reference(args.model, args.gguf_file)] if args.llama_cpp else []
     records = serve.run(
         args.model, gguf_file=args.gguf_file, cores=cores, seq_lens=args.seq_lens,
         batches=args.batches, prefill_batches=args.prefill_batches, dtypes=args.dtypes,
         steps=args.steps, warmup=args.warmup, reps=args.reps, threads=args.threads,
-        device=args.device, json_path=args.json, plot_path=args.plot,
+        device=args.device, json_path=args.json, plot_path=args.plot, references=references,
     )
     print(serve_report.format_summary(records))
+    for name, why in dict.fromkeys((r.name, r.skipped) for r in records if r.skipped):
+        print(f"{name} skipped: {why}")
     for path in (args.json, args.plot):
         if path:
             print(f"saved {path}")
