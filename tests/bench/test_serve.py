@@ -244,3 +244,22 @@ def test_cli_bad_input(case, tmp_path, capsys):
     assert len(lines) == 1 and "Traceback" not in err
     assert re.search(message, lines[0])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_int8_weights_for_every_model_and_the_masters_kept():
+    from attnlab.models.quantize import Int8Linear
+
+    master = serve.side_by_side(tiny_llama(), serve.core_specs([SEA]))["sea"]
+    (model,) = serve._cast({"sea": master}, torch.float32, torch.device("cpu"),
+                           "int8").values()
+    assert model is not master and isinstance(model.lm_head, Int8Linear)
+    assert isinstance(master.lm_head, torch.nn.Linear)
+    attention = model.model.layers[0].self_attn
+    assert isinstance(attention.q_proj, Int8Linear)
+    assert isinstance(attention.attnlab_core.estimator.scalers, torch.nn.Linear)  # the core's
+    records = serve.run(cores=[SEA], seq_lens=[32], batches=[1], prefill_batches=[],
+                        steps=1, warmup=1, reps=1, threads=1, weights="int8", progress=False)
+    assert {r.shape["weights"] for r in records} == {"int8"}
+    assert "| float32, int8 weights | 1 | 32 |" in serve_report.format_summary(records)
+    with pytest.raises(ValueError, match="weights 'int4' is not valid; valid: float, int8"):
+        serve.run(seq_lens=[32], weights="int4", progress=False)

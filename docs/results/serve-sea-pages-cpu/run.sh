@@ -55,7 +55,13 @@ llama_cpp() {  # batch 1 at 4k and 8k beside llama.cpp's dense decoding of the s
     --plot "$OUT/decode-b1-llama-cpp.png"
 }
 
-STEPS=(decode_b1 decode_b8 prefill busy decode_b8_rerun llama_cpp)
+int8() {  # llama_cpp with every model's linear layers weight-only int8 (activations in the dtype)
+  "${A[@]}" --llama-cpp --weights int8 --dtypes float32,bfloat16 --seq-lens 4096,8192 \
+    --batches 1 --prefill-batches '' --steps 8 --reps 3 --json "$OUT/decode-b1-int8.json" \
+    --plot "$OUT/decode-b1-int8.png"
+}
+
+STEPS=(decode_b1 decode_b8 prefill busy decode_b8_rerun llama_cpp int8)
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step

@@ -84,9 +84,10 @@ from attnlab.bench.serve_inputs import (
 )
 from attnlab.bench.serve_reference import DecodeReference, Stepper
 from attnlab.config import ConfigError, PartSpec
-from attnlab.hf.attention import decoding_state_bytes
+from attnlab.hf.attention import CORE_ATTR, decoding_state_bytes
 from attnlab.hf.cache import InPlaceCache
 from attnlab.layers.registry import check_budget, keys_per_row
+from attnlab.models.quantize import quantize_linears
 from attnlab.results import (
     Record,
     Timing,
@@ -107,6 +108,8 @@ DEFAULT_SEQ_LENS = (2048, 4096, 8192)
 DEFAULT_BATCHES = (1, 4, 8)
 DEFAULT_PREFILL_BATCHES = (1,)
 DEFAULT_DTYPES = ("float32",)
+WEIGHTS = ("float", "int8")
+"""The models' linear weights: in the dtype of the cell, or weight-only int8."""
 QUIET_LOGGER = "attnlab.hf.attention"  # warns once per core type about rebuilt states
 
 
@@ -264,15 +267,23 @@ def _quiet_and_threads(threads: int | None) -> Iterator[None]:
 
 
 def _cast(masters: Mapping[str, transformers.PreTrainedModel], dtype: torch.dtype,
-          device: torch.device) -> dict[str, transformers.PreTrainedModel]:
-    """The models in ``dtype`` on ``device``: the masters themselves when they already are,
-    else copies (the masters stay as loaded for the next dtype)."""
+          device: torch.device, weights: str) -> dict[str, transformers.PreTrainedModel]:
+    """The models in ``dtype`` on ``device``, their linear layers in int8 when ``weights`` is
+    ``int8``: the masters themselves when they already are, else copies (the masters stay as
+    loaded for the next dtype)."""
     out = {}
     for name, model in masters.items():
         param = next(model.parameters())
-        same = param.dtype == dtype and param.device == device
+        same = param.dtype == dtype and param.device == device and weights == "float"
         out[name] = model if same else copy.deepcopy(model).to(device, dtype)
+        if weights == "int8":  # the model's own layers; a core's parts keep their numerics
+            quantize_linears(out[name], keep=_core_part)
     return out
+
+
+def _core_part(name: str, _: torch.nn.Linear) -> bool:
+    """Whether the module ``name`` belongs to a converted layer's attnlab core."""
+    return f".{CORE_ATTR}." in f".{name}."
 
 
 def run(
@@ -294,6 +305,7 @@ def run(
     seed: int = 0,
     progress: bool = True,
     references: Sequence[DecodeReference] = (),
+    weights: str = "float",
 ) -> list[Record]:
     """Benchmark the original model against each converted core over the grid dtypes x
     (prefill batches x seq_lens, then batches x seq_lens); returns the records, ratios
@@ -311,10 +323,15 @@ def run(
     ``threads``: torch threads during the run (None: unchanged; either way at most the
     machine's cores). ``references``: other engines' decoding beside the models (e.g.
     :class:`attnlab.bench.serve_reference.LlamaCpp`), in the decode cells they run and as
-    skipped records, with the reason, in the others. Everything is validated
+    skipped records, with the reason, in the others. ``weights``: ``float`` (each dtype's) or
+    ``int8`` (every model's own linear layers weight-only int8, not its cores' parts:
+    :func:`attnlab.models.quantize.quantize_linears`; activations in the dtype); records
+    carry it in their shape. Everything is validated
     (``ValueError`` / ``ConfigError``, nothing written) before the models are converted, a
     core's key budget too: one not smaller than the shortest length is dense attention
     there."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights {weights!r} is not valid; valid: {', '.join(WEIGHTS)}")
     dev = resolve_device(device)
     grid = validated_grid(seq_lens, batches, prefill_batches, dtypes, steps, warmup, reps, threads,
                           dev)
@@ -333,7 +350,7 @@ def run(
     original, label = load_original(model, gguf_file=gguf_file, seed=seed)
     if not original.can_generate():
         raise ConfigError(f"{label} is not a generating (causal) language model")
-    identity = {"model": label, "model_sha256": fingerprint}
+    identity = {"model": label, "model_sha256": fingerprint, "weights": weights}
     check_max_length(original, grid.seq_lens[-1])
     masters = side_by_side(original, specs, seed)
     gen = torch.Generator().manual_seed(seed)
@@ -346,7 +363,7 @@ def run(
         for dtype, op, batch, seq_len in cells:
             if dtype != models_dtype:
                 models.clear()  # free the previous dtype's copies first
-                models, models_dtype = _cast(masters, dtype, dev), dtype
+                models, models_dtype = _cast(masters, dtype, dev, weights), dtype
             bar.set_postfix_str(f"{str(dtype).removeprefix('torch.')} {op} B={batch} "
                                 f"T={seq_len}")
             cell = prefill_cell if op == "prefill" else decode_cell

@@ -65,6 +65,13 @@ def _value_cell(values: Mapping[str, float], op: str, baseline: bool) -> str:
     return f"{values[key]:.1f} ({speedup if op == 'decode' else 1 / speedup:.2f}x)"
 
 
+def precision_label(records: Sequence[Record], dtype: str) -> str:
+    """``dtype``, or ``"bfloat16, int8 weights"`` when the records' models ran with
+    weight-only int8 linear layers (``bench serve --weights int8``)."""
+    int8 = any(r.shape.get("weights") == "int8" for r in records)
+    return f"{dtype}, int8 weights" if int8 else dtype
+
+
 def format_summary(records: Sequence[Record]) -> str:
     """Markdown, one row per (dtype, batch, T): decode tok/s of every model (x original),
     prefill ms of every model (x original) when prefills were run, and each core's peak
@@ -85,7 +92,8 @@ def format_summary(records: Sequence[Record]) -> str:
         for n in cores:
             ratios = (cell[n].get(f"{op}_peak_mem_ratio") for op in ops)
             row.append(" / ".join("-" if v is None else f"{v:.2f}x" for v in ratios))
-        lines.append(f"| {dtype} | {batch} | {seq_len} | " + " | ".join(row) + " |")
+        lines.append(f"| {precision_label(records, dtype)} | {batch} | {seq_len} | "
+                     + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -144,7 +152,7 @@ def plot_decode(records: Sequence[Record], path: str | os.PathLike[str], *,
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xlabel("context length (cached tokens)")
         ax.set_ylabel("decode tokens/s (batch / step time)")
-        ax.set_title(f"decode throughput, {dtype}", fontsize=10)
+        ax.set_title(f"decode throughput, {precision_label(decode, dtype)}", fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
     handles = {}  # one legend for all panels, outside them: no line hidden behind it
     for ax in axes:

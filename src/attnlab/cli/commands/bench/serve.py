@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=at_least(1), default=None,
                         help="torch threads during the run, at most the machine's cores "
                              "(default: unchanged)")
+    parser.add_argument("--weights", choices=["float", "int8"], default="float",
+                        help="every model's linear weights: in the dtype (float) or "
+                             "weight-only int8, activations in the dtype (default: float)")
     parser.add_argument("--llama-cpp", action="store_true",
                         help="add llama.cpp's dense decoding of the same GGUF file as a row "
                              "(batch 1, cpu; needs --gguf-file and attnlab[llama-cpp], else "
@@ -75,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         batches=args.batches, prefill_batches=args.prefill_batches, dtypes=args.dtypes,
         steps=args.steps, warmup=args.warmup, reps=args.reps, threads=args.threads,
         device=args.device, json_path=args.json, plot_path=args.plot, references=references,
+        weights=args.weights,
     )
     print(serve_report.format_summary(records))
     for name, why in dict.fromkeys((r.name, r.skipped) for r in records if r.skipped):
