@@ -78,6 +78,30 @@ def test_points_join_quality_and_the_speed_of_the_same_core_and_budget():
     assert "inconclusive" in table  # 4 prompts per depth
 
 
+def test_page_sizes_keep_their_own_speed_and_another_engine_is_left_out():
+    cells = [("original", 10.0, {}), ("sea_pages(page=16)", 8.0, {"budget": 256}),
+             ("sea_pages(page=8)", 5.0, {"budget": 256, "page": 8}), ("llama.cpp", 2.0, {})]
+    serve = [Record("serve", name, "fwd", {"model": "m", "model_sha256": FINGERPRINT,
+                                           "op": "decode", "seq_len": 2048, "batch": 1,
+                                           "dtype": "float32"}, ms, ms, None)
+             for name, ms, _ in cells]
+    fill_ratios(serve, "original")
+    for r, (_, _, options) in zip(serve, cells, strict=True):
+        r.shape["options"] = options
+    result = long_context_result()
+    result["variants"] = [result["variants"][0],
+                          {"label": "sea_pages 256", "core": "sea_pages",
+                           "options": {"budget": 256, "estimators": "e16"}, "keys_per_row": 256},
+                          {"label": "sea_pages p8 256", "core": "sea_pages",
+                           "options": {"budget": 256, "page": 8, "estimators": "e8"},
+                           "keys_per_row": 256}]
+    result["records"] = [{"variant": v["label"], "seq_len": 2048, "task": "perplexity",
+                          "ppl_ratio": 1.0} for v in result["variants"]]
+    points = {p["variant"]: p for p in frontier_points(result, serve)}
+    assert points["sea_pages 256"]["decode_speedup"] == pytest.approx(10 / 8)
+    assert points["sea_pages p8 256"]["decode_speedup"] == pytest.approx(10 / 5)
+
+
 def test_the_plot_and_the_report_section(tmp_path):
     pytest.importorskip("matplotlib")
     points = frontier_points(long_context_result(), SERVE)

@@ -6,8 +6,9 @@ tokens/s and prefill time of each converted core against the original, measured 
 side). Only figures of one model are joined: a long-context result and the serve records
 must carry the same model fingerprint (``model_sha256``, of the model's files); serve records
 of another model, or with no fingerprint, are left out, with a warning in the report and in
-the log. A variant is matched to its serve records by core and keys per row (a SEA student
-runs exactly as fast as the untrained SEA core of the same budget: same shapes, same ops).
+the log. A variant is matched to its serve records by core, keys per row and page size (a SEA
+student runs exactly as fast as the untrained SEA core of the same budget: same shapes, same
+ops; distilled weights change no speed, the page size does).
 Variants the serve run did not measure keep their quality figures and get no speed.
 """
 
@@ -33,15 +34,26 @@ DECODE_BATCH = 1
 """The decode batch whose speed the frontier plots (one user, the hardest case for SEA)."""
 
 
+def _speed_key(core: str | None, options: Mapping[str, Any]) -> tuple:
+    """``(core, keys per row, page size)``: what sets a core's speed (None for the original;
+    page None for a core without pages)."""
+    if core is None:
+        return None, None, None
+    weights = CORES.trait(core, "weights_option")  # a file: it sets no speed
+    spec = PartSpec(core, {k: v for k, v in options.items() if k != weights})
+    return core, keys_per_row(spec), getattr(CORES.options(spec), "page", None)
+
+
 def _speeds(serve: Sequence[Record], dtype: str, batch: int) -> dict[tuple, dict[int, dict]]:
-    """``{(core, keys per row): {seq_len: {decode_speedup, prefill_speedup}}}``."""
+    """``{speed key (_speed_key): {seq_len: {decode_speedup, prefill_speedup}}}``."""
     summary = summarize(serve)
     options = {r.name: r.shape.get("options", {}) for r in serve}
     out: dict[tuple, dict[int, dict]] = {}
     for name, by_dtype in summary.items():
         core = None if name == ORIGINAL else name.split("(")[0]
-        keys = None if core is None else keys_per_row(PartSpec(core, options[name]))
-        cells = out.setdefault((core, keys), {})
+        if core is not None and core not in CORES.names():  # another engine (llama.cpp)
+            continue
+        cells = out.setdefault(_speed_key(core, options[name]), {})
         for b, by_len in by_dtype.get(dtype, {}).items():
             for seq_len, values in by_len.items():
                 cell = cells.setdefault(int(seq_len), {})
@@ -97,7 +109,7 @@ def frontier_points(long_context: Mapping[str, Any], serve: Sequence[Record], *,
         point = points.setdefault((r["variant"], r["seq_len"]), {
             "variant": r["variant"], "core": v["core"], "keys_per_row": v["keys_per_row"],
             "seq_len": r["seq_len"], "correct": 0, "passkey_prompts": 0,
-            **speeds.get((core, v["keys_per_row"]), {}).get(r["seq_len"], {})})
+            **speeds.get(_speed_key(core, v["options"]), {}).get(r["seq_len"], {})})
         if r["task"] == "perplexity":
             point["ppl_ratio"] = r.get("ppl_ratio")
             point["ppl_inconclusive"] = r.get("inconclusive", False)  # older files: none
