@@ -63,6 +63,16 @@ passkey() {  # length
     --prompts "$PROMPTS" "${V[@]}" --json "$OUT/passkey-$1.json"
 }
 
+passkey_sparse() {  # length: fully sparse passkey (the prompt's prefill sparse too) for SEA's
+                    # pages and Quest (the best training-free selector by perplexity)
+  "${A[@]}" --tasks passkey --passkey-protocols sparse --lengths "$1" --prompts "$PROMPTS" \
+    --variant original \
+    --variant "{name: sea_pages, budget: 256, estimators: smollm2-135m}" \
+    --variant "{name: quest, budget: 256}" \
+    --variant "{name: sea_pages, budget: 1024, estimators: smollm2-135m}" \
+    --variant "{name: quest, budget: 1024}" --json "$OUT/passkey-$1-sparse.json"
+}
+
 # every step, in the order they ran (sea_pages at pages of 8 joined `all` after the first four);
 # `run.sh page_oracles` runs only the steps named
 STEPS=("perplexity 8192 256 16384 all" "passkey 8192" "perplexity 8192 1024 8192 main"

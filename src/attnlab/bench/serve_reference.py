@@ -31,6 +31,8 @@ LLAMA_CPP_MISSING = (f"{LLAMA_CPP_PACKAGE} is not installed (pip install 'attnla
 
 
 class Stepper(Protocol):
+    """What ``bench serve`` times: a decoder continuing its own cache."""
+
     def step(self) -> None:
         """One single-token decoding step continuing the cache."""
 
