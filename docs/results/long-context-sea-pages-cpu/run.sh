@@ -78,7 +78,7 @@ passkey_sparse() {  # length: fully sparse passkey (the prompt's prefill sparse 
 STEPS=("perplexity 8192 256 16384 all" "passkey 8192" "perplexity 8192 1024 8192 main"
        "perplexity 2048 256 16384 all" page_oracles pages_of_8 passkey_pages
        "perplexity 4096 256 16384 all" "perplexity 4096 1024 16384 pages" "passkey 4096"
-       "passkey 2048" "perplexity 8192 512 16384 all" "perplexity 8192 128 16384 all"
+       "passkey 2048" "perplexity 8192 512 16384 all" "perplexity 8192 128 16384 pages"
        "perplexity 8192 2048 16384 all")
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
