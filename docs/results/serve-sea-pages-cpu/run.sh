@@ -61,7 +61,18 @@ int8() {  # llama_cpp with every model's linear layers weight-only int8 (activat
     --plot "$OUT/decode-b1-int8.png"
 }
 
-STEPS=(decode_b1 decode_b8 prefill busy decode_b8_rerun llama_cpp int8)
+budgets() {  # batch 1 at 8k, float32, at budgets 128 and 512: the frontier's other points
+  local C=()
+  for b in 128 512; do
+    C+=(--core "{name: window, sinks: 4, window: $((b - 4))}" --core "{name: quest, budget: $b}"
+        --core "{name: sea_pages, budget: $b, estimators: smollm2-135m}"
+        --core "{name: sea_pages, budget: $b, page: 8, estimators: smollm2-135m-p8}")
+  done
+  "${A[@]:0:10}" "${C[@]}" --dtypes float32 --seq-lens 8192 --batches 1 --prefill-batches '' \
+    --steps 8 --reps 3 --json "$OUT/decode-b1-budgets.json"
+}
+
+STEPS=(decode_b1 decode_b8 prefill busy decode_b8_rerun llama_cpp int8 budgets)
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step

@@ -161,28 +161,40 @@ def marker(core: str | None) -> str:
     return CORES.trait(core, "marker")
 
 
+def _point_label(point: Mapping[str, Any]) -> str:
+    """A marker's label: its variant without the core's name (``256``, ``p8 256``), ``all``
+    for the original."""
+    if point["core"] == ORIGINAL:
+        return "all"
+    return point["variant"].removeprefix(str(point["core"])).strip() or str(point["core"])
+
+
 def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
                   path: str | os.PathLike[str], title: str = "",
                   decode_batch: int = DECODE_BATCH) -> Path:
     """Quality (perplexity ratio; passkey accuracy: a row of panels per task measured)
-    against speed (decode; prefill speedup over the original) at ``seq_len``: one marker per
-    variant, labelled with its keys per row; a variant without a measured speed (the oracle)
-    is a dashed line at its quality. Needs matplotlib."""
+    against speed (decode; prefill speedup over the original, each where measured) at
+    ``seq_len``: one marker per variant, labelled with its keys per row (and what else
+    tells it from its core's other variants); the oracle (no fast path, never timed) is a
+    dashed line at its quality; other variants without a measured speed are counted under
+    the panels (the report's table has them). Needs matplotlib."""
     mine = [p for p in points if p["seq_len"] == seq_len]
     tasks = (("ppl_ratio", "perplexity x original (lower is better)"),
              ("passkey", "passkey accuracy (higher is better)"))
     rows = [row for row in tasks if any(p.get(row[0]) is not None for p in mine)] or tasks
-    fig, grid = new_figure(2, width=5.2, height=4.2, nrows=len(rows), squeeze=False)
-    cols = (("decode_speedup", f"decode speedup over the original (batch {decode_batch})"),
-            ("prefill_speedup", "prefill speedup over the original"))
+    speeds = (("decode_speedup", f"decode speedup over the original (batch {decode_batch})"),
+              ("prefill_speedup", "prefill speedup over the original"))
+    cols = [c for c in speeds if any(p.get(c[0]) is not None for p in mine)] or speeds[:1]
+    fig, grid = new_figure(len(cols), width=5.2 if len(cols) > 1 else 7.0, height=4.2,
+                           nrows=len(rows), squeeze=False)
+    unmeasured = [p for p in mine if all(p.get(k) is None for k, _ in speeds)]
     for i, (qkey, qlabel) in enumerate(rows):
         for j, (skey, slabel) in enumerate(cols):
             ax = grid[i][j]
-            for p in mine:  # no speed measured (the oracle): its quality as a line
-                unmeasured = all(p.get(k) is None for k, _ in cols)
-                if p.get(qkey) is not None and unmeasured:
+            for p in unmeasured:
+                if p["core"] == "oracle" and p.get(qkey) is not None:
                     ax.axhline(p[qkey], color="grey", lw=1, ls="--")
-                    ax.annotate(f"{p['variant']} (no speed)", (1, p[qkey]),
+                    ax.annotate(f"{p['variant']} (a ceiling, never timed)", (1, p[qkey]),
                                 xycoords=("axes fraction", "data"), xytext=(-3, 3),
                                 textcoords="offset points", fontsize=7, color="grey",
                                 ha="right")
@@ -194,7 +206,7 @@ def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
                 ax.scatter([p[skey] for p in pts], [p[qkey] for p in pts], label=core,
                            marker=marker(core), s=60)
                 for p in pts:
-                    ax.annotate(str(p["keys_per_row"] or "all"), (p[skey], p[qkey]),
+                    ax.annotate(_point_label(p), (p[skey], p[qkey]),
                                 textcoords="offset points", xytext=(5, 4), fontsize=8)
             ax.axvline(1.0, color="grey", lw=0.8, ls=":")
             values = [p[qkey] for p in mine if p.get(qkey)]
@@ -205,7 +217,10 @@ def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
             ax.grid(alpha=0.3)
             if i == 0 and j == 0:
                 ax.legend(fontsize=8)
-    fig.suptitle(title or f"quality against speed at {seq_len} tokens", fontsize=10)
+    title = title or f"quality against speed at {seq_len} tokens"
+    if others := [p for p in unmeasured if p["core"] != "oracle"]:
+        title += f"\n(not drawn: {len(others)} variant(s) with no measured speed; see the table)"
+    fig.suptitle(title, fontsize=10)
     return save_figure(fig, path)
 
 
