@@ -117,6 +117,29 @@ def test_the_plot_and_the_report_section(tmp_path):
     assert len(results["frontier"]) == 4
 
 
+def test_the_plot_draws_what_was_measured_and_labels_what_tells_variants_apart(monkeypatch,
+                                                                             tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    labels, lines = [], []
+    monkeypatch.setattr(matplotlib.axes.Axes, "annotate",
+                        lambda self, text, *a, **k: labels.append(text))
+    monkeypatch.setattr(matplotlib.axes.Axes, "axhline",
+                        lambda self, y, *a, **k: lines.append(y))
+    points = [{"variant": "original", "core": "original", "keys_per_row": None,
+               "seq_len": 2048, "ppl_ratio": 1.0, "decode_speedup": 1.0},
+              {"variant": "sea_pages p8 256", "core": "sea_pages", "keys_per_row": 256,
+               "seq_len": 2048, "ppl_ratio": 1.05, "decode_speedup": 1.3},
+              {"variant": "oracle 256", "core": "oracle", "keys_per_row": 256,
+               "seq_len": 2048, "ppl_ratio": 1.02},
+              {"variant": "quest 128", "core": "quest", "keys_per_row": 128,
+               "seq_len": 2048, "ppl_ratio": 1.4}]
+    plot_frontier(points, 2048, tmp_path / "f.png")
+    assert labels == ["oracle 256 (a ceiling, never timed)", "all", "p8 256"]
+    assert lines == [1.02]  # quest 128 has no speed: not drawn, counted in the title
+
+
 def test_runs_of_one_model_merge_and_a_cell_measured_twice_is_refused():
     full = long_context_result()
     ppl = {**full, "records": [r for r in full["records"] if r["task"] == "perplexity"]}
