@@ -61,9 +61,9 @@ int8() {  # llama_cpp with every model's linear layers weight-only int8 (activat
     --plot "$OUT/decode-b1-int8.png"
 }
 
-budgets() {  # batch 1 at 8k, float32, at budgets 128 and 512: the frontier's other points
+budgets() {  # batch 1 at 8k, float32, at budgets 128, 256 and 512: the frontier over budgets
   local C=()
-  for b in 128 512; do
+  for b in 128 256 512; do
     C+=(--core "{name: window, sinks: 4, window: $((b - 4))}" --core "{name: quest, budget: $b}"
         --core "{name: sea_pages, budget: $b, estimators: smollm2-135m}"
         --core "{name: sea_pages, budget: $b, page: 8, estimators: smollm2-135m-p8}")
