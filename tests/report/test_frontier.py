@@ -102,6 +102,20 @@ def test_page_sizes_keep_their_own_speed_and_another_engine_is_left_out():
     assert points["sea_pages p8 256"]["decode_speedup"] == pytest.approx(10 / 5)
 
 
+def test_passkey_protocols_stay_apart():
+    result = long_context_result()
+    extra = [{**r, "protocol": "dense-prefill", "correct": 4, "accuracy": 1.0}
+             for r in result["records"] if r["task"] == "passkey"]
+    result["records"] += extra  # the same cells under Quest's protocol: every answer right
+    points = {p["variant"]: p for p in frontier_points(result, SERVE)}
+    sea = points["sea student 256"]
+    assert sea["passkey_protocol"] == "dense-prefill" and sea["passkey"] == 1.0
+    assert (sea["correct"], sea["passkey_prompts"]) == (8, 8)  # not 15 of 16
+    assert sea["passkey_by_protocol"]["sparse"]["correct"] == 7
+    table = frontier_table(list(points.values()))
+    assert "| 2048 | sea student 256 | 256 | 1.050 | 8/8* dense-prefill; 7/8* sparse |" in table
+
+
 def test_the_plot_and_the_report_section(tmp_path):
     pytest.importorskip("matplotlib")
     points = frontier_points(long_context_result(), SERVE)

@@ -89,13 +89,34 @@ def foreign_models(long_context: Mapping[str, Any], serve: Sequence[Record]) -> 
     return sorted({model_name(*model_of(r)) for r in serve if not _is_of(long_context, r)})
 
 
+PROTOCOL_ORDER = ("dense-prefill", "sparse")
+"""Passkey protocols, the one a point's ``passkey`` reports first (``attnlab long-context``'s
+``--passkey-protocols``; files without the field ran ``sparse``)."""
+
+
+def _passkey_cells(point: dict[str, Any], r: Mapping[str, Any]) -> None:
+    """Add a passkey record's answers to its protocol's cell of ``point``."""
+    cell = point.setdefault("passkey_by_protocol", {}).setdefault(
+        r.get("protocol", "sparse"), {"correct": 0, "prompts": 0, "inconclusive": False})
+    cell["correct"] += r["correct"]
+    cell["prompts"] += r["prompts"]
+    cell["inconclusive"] = cell["inconclusive"] or r["inconclusive"]
+
+
+def _primary_protocol(by_protocol: Mapping[str, Any]) -> str | None:
+    return next((p for p in PROTOCOL_ORDER if p in by_protocol), next(iter(by_protocol), None))
+
+
 def frontier_points(long_context: Mapping[str, Any], serve: Sequence[Record], *,
                     dtype: str = "float32", decode_batch: int = DECODE_BATCH) -> list[dict]:
     """One point per (variant, length): ``ppl_ratio``, ``passkey`` (accuracy over every
-    depth), ``passkey_prompts``, ``passkey_ratio`` (to the original's), ``ppl_inconclusive``
-    / ``passkey_inconclusive`` (fewer tokens or prompts than a sure figure needs), and
-    ``decode_speedup`` / ``prefill_speedup`` where measured. ``ValueError`` when a serve
-    record is not of the long-context result's model (:func:`of_model`)."""
+    depth, under the first protocol of :data:`PROTOCOL_ORDER` measured: ``passkey_protocol``;
+    every protocol's answers in ``passkey_by_protocol``), ``correct`` and
+    ``passkey_prompts`` (its counts), ``passkey_ratio`` (to the original's under the same
+    protocol), ``ppl_inconclusive`` / ``passkey_inconclusive`` (fewer tokens or prompts than
+    a sure figure needs), and ``decode_speedup`` / ``prefill_speedup`` where measured.
+    ``ValueError`` when a serve record is not of the long-context result's model
+    (:func:`of_model`)."""
     if others := foreign_models(long_context, serve):
         raise ValueError(f"the serve records of {', '.join(others)} cannot give the speed of "
                          f"{model_name(long_context['model'], long_context.get('model_sha256'))}: "
@@ -114,22 +135,38 @@ def frontier_points(long_context: Mapping[str, Any], serve: Sequence[Record], *,
             point["ppl_ratio"] = r.get("ppl_ratio")
             point["ppl_inconclusive"] = r.get("inconclusive", False)  # older files: none
         else:
-            point["correct"] += r["correct"]
-            point["passkey_prompts"] += r["prompts"]
-            point["passkey_inconclusive"] = point.get("passkey_inconclusive") or r["inconclusive"]
+            _passkey_cells(point, r)
     for point in points.values():
-        if point["passkey_prompts"]:
-            point["passkey"] = point["correct"] / point["passkey_prompts"]
+        by_protocol = point.get("passkey_by_protocol", {})
+        if (protocol := _primary_protocol(by_protocol)) is not None:
+            cell = by_protocol[protocol]
+            point.update(passkey_protocol=protocol, correct=cell["correct"],
+                         passkey_prompts=cell["prompts"],
+                         passkey_inconclusive=cell["inconclusive"],
+                         passkey=cell["correct"] / cell["prompts"] if cell["prompts"] else None)
     originals = {p["seq_len"]: p for p in points.values() if p["core"] == ORIGINAL}
     for point in points.values():
-        ref = originals.get(point["seq_len"], {}).get("passkey")
-        if "passkey" in point and ref:
-            point["passkey_ratio"] = point["passkey"] / ref
+        ref = originals.get(point["seq_len"], {}).get("passkey_by_protocol", {}).get(
+            point.get("passkey_protocol"))
+        if point.get("passkey") is not None and ref and ref["correct"]:
+            point["passkey_ratio"] = point["passkey"] / (ref["correct"] / ref["prompts"])
     return list(points.values())
 
 
 def _fmt(value: Any, spec: str, inconclusive: bool = False) -> str:
     return "-" if value is None else format(value, spec) + ("*" if inconclusive else "")
+
+
+def _passkey_text(point: Mapping[str, Any]) -> str:
+    """``"29/30*"``, or each protocol's (``"29/30* dense-prefill; 28/30* sparse"``)."""
+    by_protocol = point.get("passkey_by_protocol", {})
+    cells = [(protocol, by_protocol[protocol]) for protocol in
+             sorted(by_protocol, key=lambda p: (p not in PROTOCOL_ORDER,
+                                                 PROTOCOL_ORDER.index(p)
+                                                 if p in PROTOCOL_ORDER else 0, p))]
+    texts = [f"{c['correct']}/{c['prompts']}" + ("*" if c["inconclusive"] else "")
+             + (f" {protocol}" if len(cells) > 1 else "") for protocol, c in cells]
+    return "; ".join(texts) or "-"
 
 
 def frontier_table(points: Sequence[Mapping[str, Any]], decode_batch: int = DECODE_BATCH) -> str:
@@ -138,9 +175,7 @@ def frontier_table(points: Sequence[Mapping[str, Any]], decode_batch: int = DECO
              f"(batch {decode_batch}) | prefill speedup |", "|" + "---|" * 7]
     for p in sorted(points, key=lambda p: (p["seq_len"], p["core"] != ORIGINAL,
                                            p["keys_per_row"] or 0, p["variant"])):
-        passkey = (f"{p['correct']}/{p['passkey_prompts']}"
-                   + ("*" if p.get("passkey_inconclusive") else "")
-                   if p["passkey_prompts"] else "-")
+        passkey = _passkey_text(p)
         lines.append(f"| {p['seq_len']} | {p['variant']} | {p['keys_per_row'] or 'all'} | "
                      f"{_fmt(p.get('ppl_ratio'), '.3f', p.get('ppl_inconclusive', False))} | "
                      f"{passkey} | {_fmt(p.get('decode_speedup'), '.2f')} | "
@@ -215,7 +250,7 @@ def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
             ax.set_xlabel(slabel)
             ax.set_ylabel(qlabel)
             ax.grid(alpha=0.3)
-            if i == 0 and j == 0:
+            if i == 0 and j == 0 and ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=8)
     title = title or f"quality against speed at {seq_len} tokens"
     if others := [p for p in unmeasured if p["core"] != "oracle"]:
@@ -351,7 +386,9 @@ def report_section(results: Sequence[Mapping[str, Any]], serve: Sequence[Record]
                    "so the same name is all that ties the two measurements together.", ""]
         sha = result["model_sha256"]  # None in files written before fingerprints
         model = Path(result["model"]).name + (f" ({sha})" if sha else "")
-        for seq_len in sorted({p["seq_len"] for p in points}):
+        timed = {p["seq_len"] for p in points
+                 if p.get("decode_speedup") is not None or p.get("prefill_speedup") is not None}
+        for seq_len in sorted(timed):  # a length with no speed has no frontier to draw
             name = figure(f"frontier{suffix}-{seq_len}", f"frontier{suffix}-{seq_len}.png",
                           lambda path, t=seq_len, pts=points, m=model: plot_frontier(
                               pts, t, path, f"{m}: quality against speed at {t} tokens\n{label}"))
