@@ -43,8 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch threads during the run, at most the machine's cores "
                              "(default: unchanged)")
     parser.add_argument("--weights", choices=["float", "int8"], default="float",
-                        help="every model's linear weights: in the dtype (float) or "
-                             "weight-only int8, activations in the dtype (default: float)")
+                        help="every model's own linear layers (not a core's parts): in the "
+                             "dtype (float) or weight-only int8, activations in the dtype "
+                             "(default: float)")
     parser.add_argument("--llama-cpp", action="store_true",
                         help="add llama.cpp's dense decoding of the same GGUF file as a row "
                              "(batch 1, cpu; needs --gguf-file and attnlab[llama-cpp], else "
