@@ -79,7 +79,7 @@ STEPS=("perplexity 8192 256 16384 all" "passkey 8192" "perplexity 8192 1024 8192
        "perplexity 2048 256 16384 all" page_oracles pages_of_8 passkey_pages
        "perplexity 4096 256 16384 all" "perplexity 4096 1024 16384 pages" "passkey 4096"
        "passkey 2048" "perplexity 8192 512 16384 all" "perplexity 8192 128 16384 pages"
-       "passkey_sparse 2048" "perplexity 8192 2048 16384 main")
+       "passkey_sparse 2048" "perplexity 8192 2048 16384 main" "passkey_sparse 4096")
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step
