@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 import torch
 
+from attnlab.bench.serve_inputs import CacheShape
+
 logger = logging.getLogger(__name__)
 
 LLAMA_CPP = "llama.cpp"
@@ -98,13 +100,13 @@ def _kv_cache_bytes(metadata: dict[str, str], n_ctx: int) -> int:
     """Bytes of a float16 KV cache of ``n_ctx`` tokens for the GGUF ``metadata``'s model."""
     arch = metadata["general.architecture"]
 
-    def value(key: str) -> int:
-        return int(metadata[f"{arch}.{key}"])
+    def value(key: str, default: str | None = None) -> int:
+        return int(metadata.get(f"{arch}.{key}", default))
 
     heads = value("attention.head_count")
-    kv_heads = int(metadata.get(f"{arch}.attention.head_count_kv", heads))
-    head_dim = value("embedding_length") // heads
-    return value("block_count") * 2 * kv_heads * head_dim * n_ctx * 2
+    shape = CacheShape(value("block_count"), value("attention.head_count_kv", str(heads)),
+                       value("embedding_length") // heads)
+    return shape.nbytes(1, n_ctx, torch.float16)
 
 
 class LlamaCpp:

@@ -103,8 +103,11 @@ def _passkey_cells(point: dict[str, Any], r: Mapping[str, Any]) -> None:
     cell["inconclusive"] = cell["inconclusive"] or r["inconclusive"]
 
 
-def _primary_protocol(by_protocol: Mapping[str, Any]) -> str | None:
-    return next((p for p in PROTOCOL_ORDER if p in by_protocol), next(iter(by_protocol), None))
+def _protocols(by_protocol: Mapping[str, Any]) -> list[str]:
+    """The protocols of ``by_protocol``: those of :data:`PROTOCOL_ORDER` first, in its
+    order, then any other by name."""
+    return ([p for p in PROTOCOL_ORDER if p in by_protocol]
+            + sorted(set(by_protocol) - set(PROTOCOL_ORDER)))
 
 
 def frontier_points(long_context: Mapping[str, Any], serve: Sequence[Record], *,
@@ -138,7 +141,8 @@ def frontier_points(long_context: Mapping[str, Any], serve: Sequence[Record], *,
             _passkey_cells(point, r)
     for point in points.values():
         by_protocol = point.get("passkey_by_protocol", {})
-        if (protocol := _primary_protocol(by_protocol)) is not None:
+        if protocols := _protocols(by_protocol):
+            protocol = protocols[0]
             cell = by_protocol[protocol]
             point.update(passkey_protocol=protocol, correct=cell["correct"],
                          passkey_prompts=cell["prompts"],
@@ -160,10 +164,7 @@ def _fmt(value: Any, spec: str, inconclusive: bool = False) -> str:
 def _passkey_text(point: Mapping[str, Any]) -> str:
     """``"29/30*"``, or each protocol's (``"29/30* dense-prefill; 28/30* sparse"``)."""
     by_protocol = point.get("passkey_by_protocol", {})
-    cells = [(protocol, by_protocol[protocol]) for protocol in
-             sorted(by_protocol, key=lambda p: (p not in PROTOCOL_ORDER,
-                                                 PROTOCOL_ORDER.index(p)
-                                                 if p in PROTOCOL_ORDER else 0, p))]
+    cells = [(protocol, by_protocol[protocol]) for protocol in _protocols(by_protocol)]
     texts = [f"{c['correct']}/{c['prompts']}" + ("*" if c["inconclusive"] else "")
              + (f" {protocol}" if len(cells) > 1 else "") for protocol, c in cells]
     return "; ".join(texts) or "-"
