@@ -73,13 +73,23 @@ passkey_sparse() {  # length: fully sparse passkey (the prompt's prefill sparse 
     --variant "{name: quest, budget: 1024}" --json "$OUT/passkey-$1-sparse.json"
 }
 
+passkey_sparse_256() {  # length: fully sparse passkey at budget 256 only, with sea_pages at
+                        # both page sizes against Quest
+  "${A[@]}" --tasks passkey --passkey-protocols sparse --lengths "$1" --prompts "$PROMPTS" \
+    --variant original \
+    --variant "{name: sea_pages, budget: 256, estimators: smollm2-135m}" \
+    --variant "{name: sea_pages, budget: 256, page: 8, estimators: smollm2-135m-p8}" \
+    --variant "{name: quest, budget: 256}" --json "$OUT/passkey-$1-sparse.json"
+}
+
 # every step, in the order they ran (sea_pages at pages of 8 joined `all` after the first four);
 # `run.sh page_oracles` runs only the steps named
 STEPS=("perplexity 8192 256 16384 all" "passkey 8192" "perplexity 8192 1024 8192 main"
        "perplexity 2048 256 16384 all" page_oracles pages_of_8 passkey_pages
        "perplexity 4096 256 16384 all" "perplexity 4096 1024 16384 pages" "passkey 4096"
        "passkey 2048" "perplexity 8192 512 16384 all" "perplexity 8192 128 16384 pages"
-       "passkey_sparse 2048" "perplexity 8192 2048 16384 main" "passkey_sparse 4096")
+       "passkey_sparse 2048" "perplexity 8192 2048 16384 main" "passkey_sparse 4096"
+       "passkey_sparse_256 8192")
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step
