@@ -8,8 +8,8 @@
 # Runs from the repository root with the python that has torch + triton (PYTHON, default
 # python3); attnlab from src/ when it is not installed.
 set -u
-ALL_STEPS="tests bench-attention-fwd bench-expert-matmul profile-sea bench-train smollm2-shape \
-bench-serve bench-attention-fwdbwd bench-layer"
+ALL_STEPS="tests bench-attention-fwd bench-pages-fwd bench-expert-matmul profile-sea bench-train \
+smollm2-shape bench-serve bench-attention-fwdbwd bench-layer"
 for name in ${STEPS:-}; do
     if [[ " $ALL_STEPS " != *" $name "* ]]; then
         echo "error: unknown step '$name' in STEPS; valid: $ALL_STEPS" >&2
@@ -41,13 +41,19 @@ step() {  # step NAME SECONDS CMD...: run CMD under a time limit, log to OUT_DIR
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 
-step tests 150 "$py" -m pytest -q -p no:cacheprovider -rs \
+step tests 200 "$py" -m pytest -q -p no:cacheprovider -rs \
     tests/test_cuda.py tests/ops/test_expert_matmul.py
 
 # SEA, Performer, Reformer against FlashAttention-class sdpa: inference (fwd) and training
 step bench-attention-fwd 90 "${attnlab[@]}" bench attention --device cuda --dtype bfloat16 \
     --pass fwd --heads 12 --d-head 64 --seq-lens 1024,4096,16384,32768,65536 --reps 5 \
     --json "$out/bench-attention-fwd-h200.json" --plot "$out/bench-attention-fwd-h200.png"
+# the page selectors' prefill: FlexAttention's block-sparse kernel ("auto" on CUDA) against
+# the PyTorch executor and FlashAttention-backed sdpa, 256 keys per query token
+step bench-pages-fwd 90 "${attnlab[@]}" bench attention --device cuda --dtype bfloat16 \
+    --pass fwd --heads 12 --d-head 64 --seq-lens 4096,16384,65536 --reps 5 \
+    --mechanisms sdpa,quest,sea_pages,quest@torch --set quest@torch.executor=torch \
+    --json "$out/bench-pages-fwd-h200.json"
 step bench-expert-matmul 40 "${attnlab[@]}" bench expert-matmul --device cuda --dtype bfloat16 \
     --tokens 65536 --passes fwd fwdbwd --backends grouped dense triton \
     --json "$out/bench-expert-matmul-h200.json"

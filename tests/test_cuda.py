@@ -6,8 +6,8 @@ top-k choice flipped by float32 noise: every registered attention core (forward 
 gradients of q, k, v), whole SwitchHead / SwitchAll / SEA models (``expert_matmul`` through
 the backend "auto" picks on CUDA and through Triton; the SEA core's sparse attention has a
 CPU-only C++ kernel, so the CUDA side runs its PyTorch path), cached decoding on the GPU, and
-bf16-autocast training.
-tests/ops/test_expert_matmul.py runs every expert-matmul backend on the GPU too."""
+bf16-autocast training; the page selectors' prefill through FlexAttention with no host
+synchronisation. tests/ops/test_expert_matmul.py runs every expert-matmul backend on the GPU too."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ from attnlab.bench.attention import build_core
 from attnlab.config import ConfigError, PartSpec, builtin_config
 from attnlab.layers import CORES
 from attnlab.models import DecoderLM
+from attnlab.ops.attention.pages import paged_attention
 from attnlab.ops.expert_matmul import dispatch
+from attnlab.ops.sparse_attention.executors import page_executor
 from attnlab.train import load_run_config, train
 from attnlab.utils.testing import assert_close
 from tests.models.test_lm import decode_token_by_token
@@ -117,3 +119,31 @@ def test_bf16_autocast_training_on_cuda_learns(tiny_run_config, tmp_path):
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     losses = [r["loss"] for r in records if "loss" in r]
     assert summary["steps"] == 60 and losses[-1] < losses[0] - 1.0
+
+
+@pytest.mark.parametrize("scorer", ["quest", "mean"])
+def test_a_page_prefill_on_cuda_runs_flex_with_no_host_sync(scorer):
+    """``auto`` picks FlexAttention for a prefill on the GPU; after the first call (which
+    compiles), a call reads nothing back to the host, and gives the CPU executor's result.
+    float32, so rounding flips no page choice (bfloat16 is the contract suite's, on CPU)."""
+    gen = torch.Generator().manual_seed(0)
+    t = 1024
+    q = torch.randn(2, 6, t, 64, generator=gen)
+    k, v = (torch.randn(2, 2, t, 64, generator=gen) for _ in range(2))
+    mask = torch.ones(2, t, dtype=torch.bool)
+    mask[0, :37] = False
+    kw = dict(scale=0.125, budget=128, page=16, scorer=scorer)
+    ref = paged_attention(*(x.double() for x in (q, k, v)), **kw, key_padding_mask=mask,
+                          executor="torch")
+    on_gpu = [x.to(CUDA) for x in (q, k, v)]
+    assert page_executor("auto", *on_gpu, biased=False) == "flex"
+    with torch.no_grad():
+        paged_attention(*on_gpu, **kw, key_padding_mask=mask.to(CUDA))
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = paged_attention(*on_gpu, **kw, key_padding_mask=mask.to(CUDA))
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    real = mask[:, None, :, None].expand_as(ref)  # padded queries' outputs are undefined
+    assert_close("flex prefill", ref[real], out.cpu().double()[real], 1e-4)

@@ -72,6 +72,13 @@ def test_core_options_reach_the_core_and_are_recorded():
     assert "options" not in records[0].shape  # sdpa got none
 
 
+def test_a_labelled_copy_of_a_core_takes_its_own_options():
+    specs = attention.core_specs(["quest", "quest@flex"], ["quest@flex.executor=flex"])
+    assert specs["quest@flex"].name == "quest"
+    assert specs["quest@flex"].options == {"executor": "flex"}
+    assert specs["quest"].options == {}
+
+
 @pytest.mark.parametrize("bad, match", [
     ("reformer.no_such_option=1", "no_such_option"),
     ("eager=1", "MECHANISM.OPTION=VALUE"),

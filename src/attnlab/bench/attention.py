@@ -76,9 +76,11 @@ def default_max_mem_gb(device: torch.device | str = "cpu") -> float:
 
 def core_specs(mechanisms: Sequence[str], overrides: Sequence[str] = ()) -> dict[str, PartSpec]:
     """One validated :class:`PartSpec` per mechanism; ``overrides`` are ``MECH.OPTION=VALUE``
-    (value parsed as YAML) setting the mechanism's core options. Raises ``ConfigError`` for an
-    unknown core (listing the registered ones) or option."""
-    data: dict[str, Any] = {m: {"name": m} for m in mechanisms}
+    (value parsed as YAML) setting the mechanism's core options. A mechanism is a core name,
+    or ``CORE@LABEL`` for a second copy of a core with its own options (``quest@flex`` with
+    ``--set quest@flex.executor=flex``). Raises ``ConfigError`` for an unknown core (listing
+    the registered ones) or option."""
+    data: dict[str, Any] = {m: {"name": m.partition("@")[0]} for m in mechanisms}
     for assignment in overrides:
         key = assignment.split("=", 1)[0].strip()
         mech, dot, option = key.partition(".")

@@ -39,6 +39,7 @@ from attnlab.ops.attention import softmax_attention
 from attnlab.ops.attention.page_rules import check_pages
 from attnlab.ops.attention.page_scorers import PageScorer, scorer_of
 from attnlab.ops.attention.pages import paged_attention
+from attnlab.ops.sparse_attention.executors import check_executor
 from attnlab.utils.threads import single_threaded
 
 ONE_THREAD_ROWS = 2
@@ -53,16 +54,21 @@ while another process holds a core (two threads: 34-42%); at batch 8 one thread 
 class PageOptions:
     """``budget``: keys read per query token per KV head (a multiple of ``page``);
     ``page``: keys per page; ``sink_pages`` / ``local_pages``: pages always kept at the start
-    and up to the query; ``dense_layers``: this many first layers attend to every key."""
+    and up to the query; ``dense_layers``: this many first layers attend to every key;
+    ``executor``: what computes the attention over the selection (``auto``, ``native``,
+    ``flex``, ``torch``: :mod:`attnlab.ops.sparse_attention.executors`; a decoding step with
+    a state runs ``native`` on CPU and ``torch`` elsewhere)."""
 
     budget: int = 256
     page: int = 16
     sink_pages: int = 1
     local_pages: int = 1
     dense_layers: int = 0
+    executor: str = "auto"
 
     def validate(self) -> None:
         check_pages(self.budget, self.page, self.sink_pages, self.local_pages)
+        check_executor(self.executor)
         if self.dense_layers < 0:
             raise ValueError(f"dense_layers must be >= 0, got {self.dense_layers}")
 
@@ -110,7 +116,8 @@ class PageCore(AttentionCore):
         o = self.options
         scorer = self.scorer if isinstance(self.scorer, str) else "learned"
         return (f"scorer={scorer!r}, budget={o.budget}, page={o.page}, "
-                f"sink_pages={o.sink_pages}, local_pages={o.local_pages}, dense={self.dense}")
+                f"sink_pages={o.sink_pages}, local_pages={o.local_pages}, dense={self.dense}, "
+                f"executor={o.executor!r}")
 
     def forward(
         self,
@@ -146,7 +153,7 @@ class PageCore(AttentionCore):
             q, k, v, scale=scale, budget=o.budget, page=o.page, scorer=scorer,
             sink_pages=o.sink_pages, local_pages=o.local_pages, causal=self.causal,
             key_padding_mask=key_padding_mask, score_bias=bias,
-            features=None if state is None else state.pages.features)
+            features=None if state is None else state.pages.features, executor=o.executor)
         return CoreOutput(out, state=state)
 
 

@@ -18,11 +18,13 @@ reads per query token per KV head. The selection is not differentiable (gradient
 through the attention over the kept keys); a score bias is added to the kept keys' scores,
 and does not take part in the selection.
 
-:func:`paged_attention`: where the native CPU kernel serves the inputs (no autograd, no
-score bias), one call scores, selects and attends for every row from the pages' features
+:func:`paged_attention` runs on the executor
+:func:`~attnlab.ops.sparse_attention.executors.page_executor` picks. ``native``: one call
+scores, selects and attends for every row from the pages' features
 (:func:`~attnlab.ops.attention.page_step.attend_best_pages`: memory O(T / page), keys read in
-place). Otherwise it works in blocks of queries (memory O(block * Tk)): without padding or a
-score bias and with at least :data:`GATHER_RATIO` times the budget in keys, it gathers the
+place). ``flex``: the rows' selection (:func:`select_page_rows`) through FlexAttention's
+block-sparse kernel. ``torch``: blocks of queries (memory O(block * Tk)); without padding or
+a score bias and with at least :data:`GATHER_RATIO` times the budget in keys, it gathers the
 kept pages' keys and values (:func:`gathered_page_attention`), and else it masks a dense
 score block;
 :func:`paged_attention_naive` selects by loops over rows and heads, its reference.
@@ -46,7 +48,9 @@ from attnlab.ops.attention.page_rules import check_pages, page_masks, select_pag
 from attnlab.ops.attention.page_scorers import PageScorer, scorer_logits, scorer_of
 from attnlab.ops.attention.page_step import attend_best_pages
 from attnlab.ops.attention.page_summary import summarize
-from attnlab.ops.sparse_attention import native
+from attnlab.ops.sparse_attention.executors import page_executor
+from attnlab.ops.sparse_attention.flex import attend_pages_flex
+from attnlab.ops.sparse_attention.pages import PageSelection, pages_from_kept
 
 QUERY_BLOCK = 256
 GATHER_RATIO = 16
@@ -99,6 +103,27 @@ def kept_pages(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int,
         kept = select_pages(logits, h_kv, readable, forced,
                             budget // page - sink_pages - local_pages)
         return kept, ranks
+
+
+def select_page_rows(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int,
+                     scorer: str | PageScorer, sink_pages: int, local_pages: int,
+                     causal: bool, key_padding_mask: Tensor | None) -> PageSelection:
+    """The pages each row of q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys) keeps per KV
+    head of k ``[B, Hk, Tk, D]``, as a selection for any executor; selected in blocks of
+    :data:`QUERY_BLOCK` queries (memory O(block * Tk / page))."""
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    pages, ranks = [], None
+    for start in range(0, t_q, QUERY_BLOCK):
+        kept, ranks = kept_pages(q[..., start:start + QUERY_BLOCK, :], k, scale=scale,
+                                 budget=budget, page=page, scorer=scorer,
+                                 sink_pages=sink_pages, local_pages=local_pages,
+                                 causal=causal, key_padding_mask=key_padding_mask,
+                                 q_start=t_k - t_q + start)
+        pages.append(pages_from_kept(kept, budget // page))
+    q_ranks = ranks[:, t_k - t_q:]
+    limit = q_ranks + 1 if causal else (ranks.max(-1, keepdim=True).values + 1).expand_as(q_ranks)
+    return PageSelection(torch.cat(pages, dim=-2), page, limit.masked_fill(q_ranks < 0, 0),
+                         None if key_padding_mask is None else rank_positions(key_padding_mask))
 
 
 def paged_keep(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int,
@@ -165,19 +190,27 @@ def paged_attention(
     q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, page: int = 16,
     scorer: str | PageScorer = "quest", sink_pages: int = 1, local_pages: int = 1,
     causal: bool = True, key_padding_mask: Tensor | None = None,
-    score_bias: Tensor | None = None, features: Tensor | None = None,
+    score_bias: Tensor | None = None, features: Tensor | None = None, executor: str = "auto",
 ) -> Tensor:
     """Exact attention over each row's pages kept per KV head (module docstring).
 
     q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k, v ``[B, Hk, Tk, D]`` (``Hk``
     divides ``H``), key_padding_mask ``[B, Tk]`` (True = real key), score_bias
     ``[B or 1, H or 1, Tq, Tk]`` -> ``[B, H, Tq, Dv]``. ``features``: the pages' features
-    (:func:`all_page_features`) where the caller holds them, or None.
+    (:func:`all_page_features`) where the caller holds them, or None. ``executor``: which
+    computes the attention (:func:`~attnlab.ops.sparse_attention.executors.page_executor`).
     """
     check_pages(budget, page, sink_pages, local_pages)
     scorer = scorer_of(scorer)
     t_q, t_k = q.shape[-2], k.shape[-2]
-    if score_bias is None and native.supports(q, k, v):  # one native call for every row
+    chosen = page_executor(executor, q, k, v, biased=score_bias is not None)
+    if chosen == "flex":
+        selection = select_page_rows(q, k, scale=scale, budget=budget, page=page,
+                                     scorer=scorer, sink_pages=sink_pages,
+                                     local_pages=local_pages, causal=causal,
+                                     key_padding_mask=key_padding_mask)
+        return attend_pages_flex(q, k, v, selection, scale=scale)
+    if chosen == "native":  # one native call for every row
         ranks = key_ranks(key_padding_mask, q.shape[0], t_k, k.device)
         if features is None:
             features = all_page_features(k, ranks, page, scorer)
@@ -259,17 +292,18 @@ def paged_attention_naive(
 
 
 def _example(gen: torch.Generator, *, scorer: str = "quest", causal: bool = True,
-             padded: bool = False, biased: bool = False, t_q: int = 23, t_k: int = 23
-             ) -> contract.Example:
+             padded: bool = False, biased: bool = False, t_q: int = 23, t_k: int = 23,
+             executor: str = "auto") -> contract.Example:
     """Batch 2, 4 query heads of 2 KV heads, pages of 3 keys, a budget of 4 pages; padding:
-    a hole, and left padding (the outputs of padded queries are not defined)."""
+    a hole, and left padding (the outputs of padded queries are not defined); ``executor``
+    for the fast op."""
     qkv = contract.attention_inputs(gen, t_q=t_q, t_k=t_k)
     padding = contract.padding_mask(2, t_k) if padded else None
     return contract.Example(
         {**qkv, "scale": 0.35, "budget": 12, "page": 3, "scorer": scorer, "sink_pages": 1,
          "local_pages": 1, "causal": causal, "key_padding_mask": padding,
          "score_bias": contract.normal(gen, 1, 4, t_q, t_k) if biased else None},
-        contract.attention_shape(qkv),
+        contract.attention_shape(qkv), options={"executor": executor},
         defined=None if padding is None else padding[:, None, -t_q:, None])
 
 
@@ -284,6 +318,7 @@ contract.register(contract.OpContract(
         *contract.grid(label="blocks", patches=((f"{__name__}.QUERY_BLOCK", 4),), padded=(True,),
                        causal=(True, False)),
         *contract.grid(label="cache", t_q=(1, 4), padded=(True,)),
+        *contract.grid(executor=("flex", "torch"), causal=(True, False), padded=(False, True)),
         *contract.grid(label="one-query-one-key", t_q=(1,), t_k=(1,)),
     ),
     grads=("q", "k", "v", "score_bias"),

@@ -3,7 +3,9 @@
 ``sparse_attention``: padded key lists per (head, row). ``cell_attention``: per row, a padded
 list of cells (one head's run of keys each), for selections split unevenly across heads.
 ``run_attention``: the same cells described as runs of ranks, with a native CPU kernel.
-:mod:`.pages`: the page selectors' selection format (``PageSelection``) and its executors.
+:mod:`.pages`: the page selectors' selection format (``PageSelection``) and its executors;
+:mod:`.flex`: the FlexAttention executor (block mask from the selection); :mod:`.executors`:
+which executor runs, decided in one place.
 """
 
 from attnlab.ops.sparse_attention.cells import cell_attention

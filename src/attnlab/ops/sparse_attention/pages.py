@@ -98,9 +98,10 @@ def attend_pages_naive(q: Tensor, k: Tensor, v: Tensor, selection: PageSelection
     return masked_attention(q, k, v, keep, scale)
 
 
-def _example(gen: torch.Generator, *, padded: bool = False, causal: bool = True,
+def selection_example(gen: torch.Generator, *, padded: bool = False, causal: bool = True,
              t_q: int = 21, t_k: int = 21, n: int = 3) -> contract.Example:
-    """Batch 2, 6 query heads of 2 KV heads, pages of 3 keys; each row reads ``n`` random
+    """The contract example of the page selections' executors: batch 2, 6 query heads of 2 KV
+    heads, pages of 3 keys; each row reads ``n`` random
     distinct pages (about 1 in 5 slots unused); padding: a hole, and left padding."""
     qkv = contract.attention_inputs(gen, h=6, t_q=t_q, t_k=t_k)
     padding = contract.padding_mask(2, t_k) if padded else None
@@ -117,7 +118,7 @@ def _example(gen: torch.Generator, *, padded: bool = False, causal: bool = True,
 
 
 contract.register(contract.OpContract(
-    "attend_pages", attend_pages, attend_pages_naive, _example,
+    "attend_pages", attend_pages, attend_pages_naive, selection_example,
     cases=(
         *contract.grid(padded=(False, True), causal=(True, False)),
         *contract.grid(label="cache", padded=(True,), t_q=(1, 5)),

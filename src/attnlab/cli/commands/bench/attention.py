@@ -13,9 +13,10 @@ from attnlab.cli.commands.bench.records import print_records
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``attnlab bench attention``."""
     parser.add_argument("--mechanisms", type=csv_list(str), default=None, metavar="A,B,...",
-                        help="registered core names (default: those of sdpa,eager,sea,"
-                             "performer,reformer that are registered); sdpa, the baseline, is "
-                             "always run")
+                        help="registered core names, or CORE@LABEL for another copy of a "
+                             "core with its own --set options (default: those of sdpa,eager,"
+                             "sea,performer,reformer that are registered); sdpa, the "
+                             "baseline, is always run")
     options.add_seq_lens(parser, [1024, 2048, 4096, 8192, 16384])
     causal = parser.add_mutually_exclusive_group()
     causal.add_argument("--causal", dest="causal", action="store_true", default=True,

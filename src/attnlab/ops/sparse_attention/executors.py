@@ -1,0 +1,60 @@
+"""Which executor runs a page selection's attention: the one place that decides.
+
+A page selector (Quest, block top-k, ``sea_pages``; :mod:`attnlab.ops.attention.pages`)
+produces a :class:`~attnlab.ops.sparse_attention.pages.PageSelection`; an executor computes
+the exact attention over it:
+
+- ``native``: the native CPU kernel (scores, selects and attends in one call, keys read in
+  place); CPU, float32 / float64 / bfloat16, no autograd, no score bias.
+- ``flex``: FlexAttention on the selection's block mask
+  (:mod:`~attnlab.ops.sparse_attention.flex`); any device, no score bias.
+- ``torch``: PyTorch ops in blocks of queries (gathered pages, or a masked score block);
+  anything, gradients and score biases included.
+
+``auto`` picks ``native`` where it serves, else ``flex`` on a GPU for a prefill (at least
+:data:`~attnlab.ops.sparse_attention.flex.COMPILE_MIN_QUERIES` rows) without a score bias,
+else ``torch``. A named executor is honoured where it can run and refused with an error
+naming what would run where it cannot; ``native`` falls back to ``torch`` only for what the
+kernel does not compute (gradients, other dtypes), which gives the same result.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from attnlab.ops.sparse_attention import native
+from attnlab.ops.sparse_attention.flex import COMPILE_MIN_QUERIES
+
+EXECUTORS = ("auto", "native", "flex", "torch")
+
+
+def check_executor(name: str) -> None:
+    """Refuse an executor name that is not one of :data:`EXECUTORS`."""
+    if name not in EXECUTORS:
+        raise ValueError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")
+
+
+def page_executor(requested: str, q: Tensor, k: Tensor, v: Tensor, *, biased: bool) -> str:
+    """The executor (``native``, ``flex`` or ``torch``) that runs attention over a page
+    selection for q ``[B, H, Tq, D]``, k, v ``[B, Hk, Tk, D]`` (``biased``: with a score
+    bias), given the ``requested`` one (module docstring).
+
+    Raises:
+        ValueError: an unknown name, ``native`` off the CPU, or ``flex`` with a score bias.
+    """
+    check_executor(requested)
+    device = q.device.type
+    if requested == "native" and device != "cpu":
+        raise ValueError(f"executor 'native' runs on the CPU, not on {device}; use 'flex', "
+                         "'torch' or 'auto'")
+    if requested == "flex" and biased:
+        raise ValueError("executor 'flex' takes no score bias here; use 'torch' or 'auto' "
+                         "with a position bias")
+    if requested in ("flex", "torch"):
+        return requested
+    fits_native = not biased and native.supports(q, k, v)
+    if requested == "native" or fits_native:
+        return "native" if fits_native else "torch"
+    if device != "cpu" and not biased and q.shape[-2] >= COMPILE_MIN_QUERIES:
+        return "flex"
+    return "torch"
