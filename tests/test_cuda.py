@@ -147,3 +147,24 @@ def test_a_page_prefill_on_cuda_runs_flex_with_no_host_sync(scorer):
             torch.cuda.set_sync_debug_mode(0)
     real = mask[:, None, :, None].expand_as(ref)  # padded queries' outputs are undefined
     assert_close("flex prefill", ref[real], out.cpu().double()[real], 1e-4)
+
+
+@pytest.mark.parametrize("name", ["quest", "sea_pages"])
+def test_a_page_core_prefill_on_cuda_has_no_host_sync(name):
+    """The core's whole prefill (its decoding state started, the attention through flex)
+    after a first call that compiles."""
+    core = build_core(PartSpec(name, {"budget": 128}), heads=6, d_head=64, seq_len=1024,
+                      causal=True, device=CUDA).eval()
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 6, 1024, 64, generator=gen).to(CUDA) for _ in range(3))
+    mask = torch.ones(2, 1024, dtype=torch.bool, device=CUDA)
+    mask[0, :37] = False
+    with torch.no_grad():
+        core(q, k, v, scale=0.125, key_padding_mask=mask)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = core(q, k, v, scale=0.125, key_padding_mask=mask)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    assert out.state is not None and torch.isfinite(out.out).all()
