@@ -5,14 +5,15 @@ rounds, medians) against the native executor and SDPA:
 
 - ``select``: the rows' selection in PyTorch ops (``select_page_rows``);
 - ``block_mask``: the selection as FlexAttention's block mask (``page_block_mask``);
-- ``flex_kernel``: the compiled kernel on that block mask;
 - ``flex_total``: ``paged_attention(..., executor="flex")`` (all three);
 - ``native``: ``paged_attention`` on the native kernel (scores, selects, attends in one call);
 - ``sdpa``: dense causal attention.
 
-- ``flex_kernel_q{16,32,64,128}``: the kernel with tiles of that many query rows (the
-  default on CPU is 16), with the share of key blocks those tiles read (the union of the
-  pages of each tile's rows).
+- ``flex_kernel_q{16,32,64,128}``: the compiled kernel (``flex_attend``) with tiles of that
+  many query rows (the default on CPU is 16), with the share of key blocks those tiles read (the union of the
+  pages of each tile's rows);
+- ``window_torch``, ``window_flex``: 4 sinks + a 252-key window (the same budget) on the
+  ``torch`` executor (blocks of queries over the keys they span) and on ``flex``.
 
 Writes breakdown.json beside this file.
 
@@ -27,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.ops.attention.pages import paged_attention, select_page_rows
-from attnlab.ops.sparse_attention.flex import compiled_flex_attention, page_block_mask
+from attnlab.ops.attention.window import window_attention
+from attnlab.ops.sparse_attention.flex import flex_attend, page_block_mask
 from attnlab.results import machine_info, time_side_by_side
 
 B, H, HK, D, PAGE, BUDGET = 1, 9, 3, 64, 16, 256
@@ -42,7 +44,6 @@ for t in LENGTHS:
     k, v = (torch.randn(B, HK, t, D, generator=gen) for _ in range(2))
     with torch.no_grad():
         selection = select_page_rows(q, k, **KW)
-        flex = compiled_flex_attention()
         fns = {
             "select": lambda: select_page_rows(q, k, **KW),
             "block_mask": lambda: page_block_mask(selection, H, t),
@@ -50,13 +51,16 @@ for t in LENGTHS:
             "native": lambda: paged_attention(q, k, v, **KW),
             "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                            enable_gqa=True),
+            **{f"window_{ex}": lambda ex=ex: window_attention(
+                q, k, v, scale=KW["scale"], sinks=4, window=BUDGET - 4, executor=ex)
+               for ex in ("torch", "flex")},
         }
         density = {}
         for q_block in (16, 32, 64, 128):
             mask = page_block_mask(selection, H, t, q_block=q_block)
             density[q_block] = round(float(mask.kv_num_blocks.float().mean()) / (t // PAGE), 4)
-            fns[f"flex_kernel_q{q_block}"] = lambda mask=mask: flex(
-                q, k, v, block_mask=mask, scale=KW["scale"], enable_gqa=True)
+            fns[f"flex_kernel_q{q_block}"] = lambda mask=mask: flex_attend(
+                q, k, v, mask, scale=KW["scale"])
         timings = time_side_by_side(fns, reps=5)
     row = {"seq_len": t, **{f"{n}_ms": round(x.median, 1) for n, x in timings.items()},
            "share_of_key_blocks_read": density}

@@ -25,18 +25,22 @@ from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
 from attnlab.layers.bias import ScoreBias
 from attnlab.layers.registry import CORES
 from attnlab.ops.attention.window import check_window, window_attention, window_cache_columns
+from attnlab.ops.sparse_attention.executors import check_executor
 
 
 @dataclasses.dataclass(frozen=True)
 class WindowOptions:
     """``sinks``: first real keys every query attends to (StreamingLLM's 4); ``window``: the
-    latest real keys (the query's own included)."""
+    latest real keys (the query's own included); ``executor``: what computes it (``auto``,
+    ``native``, ``flex``, ``torch``: :mod:`attnlab.ops.sparse_attention.executors`)."""
 
     sinks: int = 4
     window: int = 1024
+    executor: str = "auto"
 
     def validate(self) -> None:
         check_window(self.sinks, self.window)
+        check_executor(self.executor)
 
 
 class WindowCore(AttentionCore):
@@ -46,10 +50,10 @@ class WindowCore(AttentionCore):
 
     def __init__(self, options: WindowOptions) -> None:
         super().__init__()
-        self.sinks, self.window = options.sinks, options.window
+        self.sinks, self.window, self.executor = options.sinks, options.window, options.executor
 
     def extra_repr(self) -> str:
-        return f"sinks={self.sinks}, window={self.window}"
+        return f"sinks={self.sinks}, window={self.window}, executor={self.executor!r}"
 
     def forward(
         self,
@@ -67,7 +71,7 @@ class WindowCore(AttentionCore):
         return CoreOutput(window_attention(
             q, k, v, scale=scale, sinks=self.sinks, window=self.window,
             key_padding_mask=key_padding_mask,
-            score_bias=None if score_bias is None else score_bias.at))
+            score_bias=None if score_bias is None else score_bias.at, executor=self.executor))
 
 
     def cache_columns(self, key_padding_mask: Tensor | None, n_keys: int) -> Tensor:

@@ -19,7 +19,7 @@ through the attention over the kept keys); a score bias is added to the kept key
 and does not take part in the selection.
 
 :func:`paged_attention` runs on the executor
-:func:`~attnlab.ops.sparse_attention.executors.page_executor` picks. ``native``: one call
+:func:`~attnlab.ops.sparse_attention.executors.executor_for` picks. ``native``: one call
 scores, selects and attends for every row from the pages' features
 (:func:`~attnlab.ops.attention.page_step.attend_best_pages`: memory O(T / page), keys read in
 place). ``flex``: the rows' selection (:func:`select_page_rows`) through FlexAttention's
@@ -48,7 +48,7 @@ from attnlab.ops.attention.page_rules import check_pages, page_masks, select_pag
 from attnlab.ops.attention.page_scorers import PageScorer, scorer_logits, scorer_of
 from attnlab.ops.attention.page_step import attend_best_pages
 from attnlab.ops.attention.page_summary import summarize
-from attnlab.ops.sparse_attention.executors import page_executor
+from attnlab.ops.sparse_attention.executors import executor_for
 from attnlab.ops.sparse_attention.flex import attend_pages_flex
 from attnlab.ops.sparse_attention.pages import PageSelection, pages_from_kept
 
@@ -200,12 +200,12 @@ def paged_attention(
     divides ``H``), key_padding_mask ``[B, Tk]`` (True = real key), score_bias
     ``[B or 1, H or 1, Tq, Tk]`` -> ``[B, H, Tq, Dv]``. ``features``: the pages' features
     (:func:`all_page_features`) where the caller holds them, or None. ``executor``: which
-    computes the attention (:func:`~attnlab.ops.sparse_attention.executors.page_executor`).
+    computes the attention (:func:`~attnlab.ops.sparse_attention.executors.executor_for`).
     """
     check_pages(budget, page, sink_pages, local_pages)
     scorer = scorer_of(scorer)
     t_q, t_k = q.shape[-2], k.shape[-2]
-    chosen = page_executor(executor, q, k, v, biased=score_bias is not None)
+    chosen = executor_for(executor, q, k, v, biased=score_bias is not None)
     if chosen == "flex":
         selection = select_page_rows(q, k, scale=scale, budget=budget, page=page,
                                      scorer=scorer, sink_pages=sink_pages,

@@ -2,21 +2,33 @@
 ``sinks`` real keys and the last ``window`` real keys up to itself, with exact softmax.
 
 Keys are counted by *rank* among the real (unpadded) keys, so padding never moves a row's
-window. :func:`window_attention` works in blocks of queries, each reading only the sink keys
-and the keys its window spans (O(T * (sinks + window)) work and memory);
-:func:`window_attention_naive` is the dense-mask reference.
+window. :func:`window_attention` runs on the executor
+:func:`~attnlab.ops.sparse_attention.executors.executor_for` picks: ``native`` for decoding
+rows (each row's sinks and window as two runs through the native kernel), ``flex`` (the
+window as FlexAttention's block mask: no host synchronisation, the GPU's prefill), or
+``torch``: blocks of queries, each reading only the sink keys and the keys its window spans
+(O(T * (sinks + window)) work and memory). :func:`window_attention_naive` is the dense-mask
+reference.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from attnlab.ops import contract
 from attnlab.ops.attention.masks import key_ranks, masked_attention, rank_positions
-from attnlab.ops.sparse_attention import native
+from attnlab.ops.sparse_attention.executors import executor_for
+from attnlab.ops.sparse_attention.flex import (
+    block_mask_of_tiles,
+    blocks_of_spans,
+    default_q_block,
+    flex_attend,
+    flex_serves,
+)
 from attnlab.ops.sparse_attention.runs import run_attention
 
 QUERY_BLOCK = 256
@@ -96,20 +108,29 @@ def window_cache_columns(
 def window_attention(
     q: Tensor, k: Tensor, v: Tensor, *, scale: float, sinks: int, window: int,
     key_padding_mask: Tensor | None = None, score_bias: PairBias | None = None,
+    executor: str = "auto",
 ) -> Tensor:
     """Causal sink + sliding-window attention.
 
     q ``[B, H, Tq, D]`` (the last ``Tq`` of the keys), k, v ``[B, Hk, Tk, D]`` (``Hk``
     divides ``H``), key_padding_mask ``[B, Tk]`` (True = real key) -> ``[B, H, Tq, Dv]``.
     ``score_bias`` (:data:`PairBias`) is evaluated only at the pairs of each query block.
+    ``executor``: which computes it (module docstring; the native kernel serves up to
+    :data:`RUN_ROWS` rows, and ``flex`` on CPU takes no gradients: both fall back to
+    ``torch`` where they cannot run, with the same result).
     """
     check_window(sinks, window)
     b, t_q, t_k = q.shape[0], q.shape[-2], k.shape[-2]
     ranks = key_ranks(key_padding_mask, b, t_k, q.device)
     counts = _counts(ranks)
-    if t_q <= RUN_ROWS and score_bias is None and native.supports(q, k, v):
+    chosen = executor_for(executor, q, k, v, biased=score_bias is not None,
+                          native_fits=t_q <= RUN_ROWS)
+    if chosen == "native":
         return _window_runs(q, k, v, counts[:, t_k - t_q:] - 1, scale, sinks, window,
                             None if key_padding_mask is None else rank_positions(key_padding_mask))
+    if chosen == "flex" and flex_serves(q, k, v):
+        mask = window_block_mask(ranks, counts, t_q, q.shape[1], sinks=sinks, window=window)
+        return flex_attend(q, k, v, mask, scale=scale)
     sink_end = _sink_end(counts, sinks)
     out = []
     for start in range(0, t_q, QUERY_BLOCK):
@@ -130,6 +151,43 @@ def window_attention(
         out.append(masked_attention(q[..., start:stop, :], k[..., k_pos, :], v[..., k_pos, :],
                                     allowed, scale, bias))
     return torch.cat(out, dim=-2)
+
+
+def window_block_mask(ranks: Tensor, counts: Tensor, t_q: int, n_heads: int, *, sinks: int,
+                      window: int, q_block: int | None = None, kv_block: int | None = None
+                      ) -> Any:
+    """FlexAttention's ``BlockMask`` of the window for the last ``t_q`` of the keys and
+    ``n_heads`` query heads: each tile of ``q_block`` rows (None:
+    :func:`~attnlab.ops.sparse_attention.flex.default_q_block`) reads the key blocks of
+    ``kv_block`` (None: ``q_block``) its rows' sinks and windows span, and the ``mask_mod``
+    keeps exactly each row's keys (:func:`_allowed`). ranks, counts ``[B, Tk]``
+    (:func:`key_ranks`, :func:`_counts`); nothing is read back to the host."""
+    b, t_k = ranks.shape
+    q_block = q_block or default_q_block(ranks.device)
+    kv_block = kv_block or q_block
+    offset = t_k - t_q
+    n_q, n_k = -(-t_q // q_block), -(-t_k // kv_block)
+    first_row = offset + torch.arange(n_q, device=ranks.device) * q_block  # key positions
+    last_row = (first_row + q_block - 1).clamp_max(t_k - 1)
+    # the window of a tile's first row starts at the tile's lowest key
+    start_rank = (counts[:, first_row] - window).clamp_min(0)  # [B, Nq]
+    window_lo = torch.searchsorted(counts.contiguous(), start_rank + 1).clamp_max(t_k - 1)
+    sink_hi = torch.searchsorted(counts.contiguous(), torch.full((b, 1), max(sinks, 1),
+                                                                 device=ranks.device))
+    first = torch.stack((torch.zeros_like(window_lo), window_lo), -1) // kv_block
+    last = torch.stack((sink_hi.clamp_max(t_k - 1).expand_as(window_lo),
+                        last_row.expand_as(window_lo)), -1) // kv_block
+    used = torch.ones_like(first, dtype=torch.bool)
+    if not sinks:
+        used[..., 0] = False
+    tiles = blocks_of_spans(first, last, used, n_k)[:, None]  # [B, 1, Nq, Nk]
+
+    def mask_mod(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        rank_q, rank_k = counts[b, i + offset] - 1, ranks[b, j]
+        near = (rank_k < sinks) | (rank_q - rank_k < window)
+        return (rank_k >= 0) & (j <= i + offset) & near
+
+    return block_mask_of_tiles(tiles, mask_mod, t_q, t_k, q_block, kv_block, n_heads)
 
 
 def _window_runs(q: Tensor, k: Tensor, v: Tensor, q_rank: Tensor, scale: float, sinks: int,
@@ -165,12 +223,14 @@ def window_attention_naive(
 
 
 def _example(gen: torch.Generator, *, sinks: int, window: int, padded: bool = False,
-             t_q: int = 37, t_k: int = 37, hk: int = 2) -> contract.Example:
-    """Batch 2, 4 query heads; padding: a hole, and left padding."""
+             t_q: int = 37, t_k: int = 37, hk: int = 2, executor: str = "auto"
+             ) -> contract.Example:
+    """Batch 2, 4 query heads; padding: a hole, and left padding; ``executor`` for the fast
+    op."""
     qkv = contract.attention_inputs(gen, hk=hk, t_q=t_q, t_k=t_k)
     return contract.Example({**qkv, "scale": 0.3, "sinks": sinks, "window": window,
                              "key_padding_mask": contract.padding_mask(2, t_k) if padded else None},
-                            contract.attention_shape(qkv))
+                            contract.attention_shape(qkv), options={"executor": executor})
 
 
 contract.register(contract.OpContract(
@@ -181,6 +241,9 @@ contract.register(contract.OpContract(
                                     sinks=(sinks,), window=(window,), padded=(False, True),
                                     t_q=(37, 3))),
         contract.Case("heads-equal", {"sinks": 2, "window": 5, "hk": 4}),
+        *(case for sinks, window in ((0, 1), (2, 5), (3, 100))
+          for case in contract.grid(label="flex", executor=("flex",), sinks=(sinks,),
+                                    window=(window,), padded=(False, True), t_q=(37, 3))),
         contract.Case("one-query-one-key", {"sinks": 1, "window": 1, "t_q": 1, "t_k": 1}),
     ),
     low_precision=contract.FLOAT32,

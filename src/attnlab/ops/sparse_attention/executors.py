@@ -1,14 +1,15 @@
-"""Which executor runs a page selection's attention: the one place that decides.
+"""Which executor runs a selection's attention: the one place that decides.
 
-A page selector (Quest, block top-k, ``sea_pages``; :mod:`attnlab.ops.attention.pages`)
-produces a :class:`~attnlab.ops.sparse_attention.pages.PageSelection`; an executor computes
-the exact attention over it:
+A selector (Quest, block top-k, ``sea_pages``: :mod:`attnlab.ops.attention.pages`; the sinks
++ window: :mod:`attnlab.ops.attention.window`) says which keys each query row reads; an
+executor computes the exact attention over them:
 
-- ``native``: the native CPU kernel (scores, selects and attends in one call, keys read in
-  place); CPU, float32 / float64 / bfloat16, no autograd, no score bias.
+- ``native``: the native CPU kernel (keys read in place; for the page selectors it also
+  scores and selects, in the same call); CPU, float32 / float64 / bfloat16, no autograd, no
+  score bias, and only the calls its selector routes there (the window's decoding rows).
 - ``flex``: FlexAttention on the selection's block mask
   (:mod:`~attnlab.ops.sparse_attention.flex`); any device, no score bias.
-- ``torch``: PyTorch ops in blocks of queries (gathered pages, or a masked score block);
+- ``torch``: PyTorch ops in blocks of queries (gathered keys, or a masked score block);
   anything, gradients and score biases included.
 
 ``auto`` picks ``native`` where it serves, else ``flex`` on a GPU for a prefill (at least
@@ -34,10 +35,12 @@ def check_executor(name: str) -> None:
         raise ValueError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")
 
 
-def page_executor(requested: str, q: Tensor, k: Tensor, v: Tensor, *, biased: bool) -> str:
-    """The executor (``native``, ``flex`` or ``torch``) that runs attention over a page
-    selection for q ``[B, H, Tq, D]``, k, v ``[B, Hk, Tk, D]`` (``biased``: with a score
-    bias), given the ``requested`` one (module docstring).
+def executor_for(requested: str, q: Tensor, k: Tensor, v: Tensor, *, biased: bool,
+                 native_fits: bool = True) -> str:
+    """The executor (``native``, ``flex`` or ``torch``) that runs attention over a selection
+    for q ``[B, H, Tq, D]``, k, v ``[B, Hk, Tk, D]`` (``biased``: with a score bias;
+    ``native_fits``: the selector has a native path for this call), given the ``requested``
+    one (module docstring).
 
     Raises:
         ValueError: an unknown name, ``native`` off the CPU, or ``flex`` with a score bias.
@@ -52,7 +55,7 @@ def page_executor(requested: str, q: Tensor, k: Tensor, v: Tensor, *, biased: bo
                          "with a position bias")
     if requested in ("flex", "torch"):
         return requested
-    fits_native = not biased and native.supports(q, k, v)
+    fits_native = native_fits and not biased and native.supports(q, k, v)
     if requested == "native" or fits_native:
         return "native" if fits_native else "torch"
     if device != "cpu" and not biased and q.shape[-2] >= COMPILE_MIN_QUERIES:

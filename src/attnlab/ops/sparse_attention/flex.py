@@ -45,11 +45,16 @@ Q_BLOCK = 128
 CPU_Q_BLOCK = 16
 """Query rows per tile on CPU. Measured on the 2-core dev box, one SmolLM2-shaped layer (9
 heads of 64, 3 KV heads) at 8192 tokens, Quest at a budget of 256 on random inputs
-(docs/results/flex-executor-cpu): the compiled kernel took 531 / 683 / 791 / 890 ms with
+(docs/results/flex-executor-cpu): the compiled kernel took 541 / 674 / 775 / 891 ms with
 tiles of 16 / 32 / 64 / 128 rows, which read 14 / 18 / 22 / 26% of the key blocks (the
 union of the rows' pages grows with the tile)."""
 COMPILE_MIN_QUERIES = 64
 """Fewer query rows run FlexAttention's eager form (module docstring)."""
+RECOMPILE_LIMIT = 64
+"""Compiled kernels kept per process (one per shape and tile size). Torch's default of 8
+is reached by a run over a few lengths and executors, after which every call silently ran
+the eager form (measured: 14.8 s instead of 0.6 s for one layer at 8k); dynamic shapes do
+not compile on CPU with torch 2.13 (an inductor C++ error), so each shape has its own."""
 
 
 @functools.cache
@@ -102,13 +107,38 @@ def _tile_blocks(selection: PageSelection, read: Tensor, t_k: int, q_block: int,
     if selection.rank_to_pos is not None:
         first = selection.rank_to_pos.gather(1, first)
         last = selection.rank_to_pos.gather(1, last)
-    first, last = first // kv_block, last // kv_block  # [B, P]
-    # +1 at a page's first block and -1 after its last, summed along the blocks
-    steps = torch.zeros(b, h_kv, n_q, n_k + 1, device=read.device)
-    weight = by_tile.to(steps.dtype)
-    steps.scatter_add_(-1, first[:, None, None].expand_as(weight), weight)
-    steps.scatter_add_(-1, (last + 1)[:, None, None].expand_as(weight), -weight)
-    return steps.cumsum(-1)[..., :n_k] > 0.5
+    first, last = (x[:, None, None].expand_as(by_tile) // kv_block for x in (first, last))
+    return blocks_of_spans(first, last, by_tile, n_k)
+
+
+def blocks_of_spans(first: Tensor, last: Tensor, used: Tensor, n_blocks: int) -> Tensor:
+    """``[..., n_blocks]`` bool: the blocks covered by some used span of blocks ``first`` to
+    ``last`` (int64 ``[..., S]``, inclusive; ``used`` bool ``[..., S]``)."""
+    # +1 at a span's first block and -1 after its last, summed along the blocks
+    steps = torch.zeros(*used.shape[:-1], n_blocks + 1, device=used.device)
+    weight = used.to(steps.dtype)
+    steps.scatter_add_(-1, first, weight)
+    steps.scatter_add_(-1, last + 1, -weight)
+    return steps.cumsum(-1)[..., :n_blocks] > 0.5
+
+
+def block_mask_of_tiles(tiles: Tensor, mask_mod: Any, t_q: int, t_k: int, q_block: int,
+                        kv_block: int, group: int) -> Any:
+    """FlexAttention's ``BlockMask`` from the key blocks each tile of queries reads,
+    ``tiles`` ``[B, Hk, Nq, Nk]`` bool (expanded to ``group`` query heads per KV head), and
+    the ``mask_mod`` that keeps exactly each row's keys inside them."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    counts = tiles.sum(-1, dtype=torch.int32)
+    order = torch.argsort((~tiles).to(torch.uint8), dim=-1, stable=True).to(torch.int32)
+    return BlockMask.from_kv_blocks(
+        counts.repeat_interleave(group, 1), order.repeat_interleave(group, 1),
+        BLOCK_SIZE=(q_block, kv_block), mask_mod=mask_mod, seq_lengths=(t_q, t_k))
+
+
+def default_q_block(device: torch.device) -> int:
+    """Query rows per tile: :data:`CPU_Q_BLOCK` on CPU, else :data:`Q_BLOCK`."""
+    return CPU_Q_BLOCK if device.type == "cpu" else Q_BLOCK
 
 
 def page_block_mask(selection: PageSelection, n_heads: int, t_k: int, *,
@@ -116,27 +146,21 @@ def page_block_mask(selection: PageSelection, n_heads: int, t_k: int, *,
     """FlexAttention's ``BlockMask`` of ``selection`` for ``n_heads`` query heads over ``t_k``
     key positions: tiles of ``q_block`` rows (None: :data:`CPU_Q_BLOCK` on CPU, else
     :data:`Q_BLOCK`) x ``kv_block`` keys (None: the page size)."""
-    from torch.nn.attention.flex_attention import BlockMask
-
     device = selection.pages.device
-    q_block = q_block or (CPU_Q_BLOCK if device.type == "cpu" else Q_BLOCK)
+    q_block = q_block or default_q_block(device)
     kv_block = kv_block or selection.page
-    b, h_kv, t_q, _ = selection.pages.shape
+    h_kv, t_q = selection.pages.shape[1:3]
     group, page = n_heads // h_kv, selection.page
     n_pages = -(-t_k // page)
     read = _read_pages(selection, n_pages)
     tiles = _tile_blocks(selection, read, t_k, q_block, kv_block)
-    counts = tiles.sum(-1, dtype=torch.int32)
-    order = torch.argsort((~tiles).to(torch.uint8), dim=-1, stable=True).to(torch.int32)
     pos_rank, limit = _position_ranks(selection, t_k, device), selection.limit
 
     def mask_mod(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
         rank = pos_rank[b, j]
         return (rank < limit[b, i]) & read[b, h // group, i, rank // page]
 
-    return BlockMask.from_kv_blocks(
-        counts.repeat_interleave(group, 1), order.repeat_interleave(group, 1),
-        BLOCK_SIZE=(q_block, kv_block), mask_mod=mask_mod, seq_lengths=(t_q, t_k))
+    return block_mask_of_tiles(tiles, mask_mod, t_q, t_k, q_block, kv_block, group)
 
 
 @functools.cache
@@ -150,18 +174,26 @@ def attend_pages_flex(q: Tensor, k: Tensor, v: Tensor, selection: PageSelection,
     """Exact softmax of q ``[B, H, Tq, D]`` over its selected keys of k, v ``[B, Hk, Tk, D]``
     -> ``[B, H, Tq, Dv]`` (0 for a row that reads none), through FlexAttention on the
     selection's block mask (:func:`page_block_mask`)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     if not flex_serves(q, k, v):
         _say("no FlexAttention backward on CPU; gradients through the gather path")
         return attend_pages(q, k, v, selection, scale=scale)
     block_mask = page_block_mask(selection, q.shape[1], k.shape[-2], q_block=q_block,
                                  kv_block=kv_block)
+    return flex_attend(q, k, v, block_mask, scale=scale)
+
+
+def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: Any, *, scale: float) -> Tensor:
+    """FlexAttention of q ``[B, H, Tq, D]`` over k, v ``[B, Hk, Tk, D]`` on ``block_mask``:
+    compiled from :data:`COMPILE_MIN_QUERIES` rows, eager below (module docstring); a row
+    with no key outputs 0."""
+    from torch.nn.attention.flex_attention import flex_attention
+
     compiled = q.shape[-2] >= COMPILE_MIN_QUERIES
     if not compiled:
         _say(f"fewer than {COMPILE_MIN_QUERIES} query rows run FlexAttention's eager form")
     attend = compiled_flex_attention() if compiled else flex_attention
-    with warnings.catch_warnings():  # the eager form is chosen, and said once (above)
+    with warnings.catch_warnings(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        # the eager form is chosen, and said once (above)
         warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
         return attend(q, k, v, block_mask=block_mask, scale=scale,
                       enable_gqa=k.shape[1] != q.shape[1])

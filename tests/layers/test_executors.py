@@ -1,5 +1,5 @@
-"""The page cores on every executor: the same output as the reference, and one place that
-decides which executor runs (:mod:`attnlab.ops.sparse_attention.executors`)."""
+"""The page cores and the window on every executor: the same output as the reference, and
+one place that decides which executor runs (:mod:`attnlab.ops.sparse_attention.executors`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 from attnlab.config import PartSpec
 from attnlab.layers import CORES, LayerContext
 from attnlab.ops.attention.pages import paged_attention_naive
-from attnlab.ops.sparse_attention.executors import page_executor
+from attnlab.ops.attention.window import window_attention_naive
+from attnlab.ops.sparse_attention.executors import executor_for
 from attnlab.ops.sparse_attention.flex import COMPILE_MIN_QUERIES
 from attnlab.utils.testing import assert_close
 
@@ -20,9 +21,9 @@ T = 2 * COMPILE_MIN_QUERIES  # a prefill: flex runs compiled
 OPTIONS = {"budget": 48, "page": 16}
 
 
-def _core(name: str, executor: str):
+def _core(name: str, executor: str, options: dict = OPTIONS):
     ctx = LayerContext(d_model=H * D, n_heads=H, d_head=D)
-    built = CORES.build(PartSpec(name, {**OPTIONS, "executor": executor}), ctx=ctx,
+    built = CORES.build(PartSpec(name, {**options, "executor": executor}), ctx=ctx,
                         dropout=0.0)
     torch.manual_seed(0)
     with torch.no_grad():
@@ -57,24 +58,40 @@ def test_every_executor_gives_the_reference(name, executor):
     assert_close(executor, ref[real], out.double()[real], 1e-5)
 
 
+@pytest.mark.parametrize("executor", ["native", "flex", "torch"])
+@pytest.mark.parametrize("t_q", [T, 3], ids=["prefill", "decoding"])
+def test_the_window_on_every_executor_gives_the_reference(executor, t_q):
+    """float32, left padding; a prefill (flex compiled) and decoding rows (flex eager)."""
+    core = _core("window", executor, {"sinks": 4, "window": 24})
+    q, k, v, mask = _inputs(torch.float32)
+    with torch.no_grad():
+        out = core(q[..., -t_q:, :], k, v, scale=0.25, key_padding_mask=mask).out
+    ref = window_attention_naive(q[..., -t_q:, :].double(), k.double(), v.double(), scale=0.25,
+                                 sinks=4, window=24, key_padding_mask=mask)
+    real = mask[:, None, -t_q:, None].expand_as(out)
+    assert_close(executor, ref[real], out.double()[real], 1e-5)
+
+
 def test_auto_picks_native_on_cpu_inference_and_torch_for_gradients():
     q, k, v, _ = _inputs(torch.float32)
-    assert page_executor("auto", q, k, v, biased=False) == "native"
-    assert page_executor("auto", q, k, v, biased=True) == "torch"
+    assert executor_for("auto", q, k, v, biased=False) == "native"
+    assert executor_for("auto", q, k, v, biased=True) == "torch"
     q.requires_grad_()
-    assert page_executor("auto", q, k, v, biased=False) == "torch"
-    assert page_executor("native", q, k, v, biased=False) == "torch"  # same result
-    assert page_executor("flex", q, k, v, biased=False) == "flex"
+    assert executor_for("auto", q, k, v, biased=False) == "torch"
+    assert executor_for("native", q, k, v, biased=False) == "torch"  # same result
+    assert executor_for("flex", q, k, v, biased=False) == "flex"
+    q.requires_grad_(False)
+    assert executor_for("auto", q, k, v, biased=False, native_fits=False) == "torch"
 
 
 def test_an_executor_that_cannot_run_is_refused_naming_what_would():
     q, k, v, _ = (x.to("meta") for x in _inputs(torch.float32))
     with pytest.raises(ValueError, match="runs on the CPU, not on meta; use 'flex'"):
-        page_executor("native", q, k, v, biased=False)
-    assert page_executor("auto", q, k, v, biased=False) == "flex"  # a prefill off the CPU
-    assert page_executor("auto", q[..., :1, :], k, v, biased=False) == "torch"
+        executor_for("native", q, k, v, biased=False)
+    assert executor_for("auto", q, k, v, biased=False) == "flex"  # a prefill off the CPU
+    assert executor_for("auto", q[..., :1, :], k, v, biased=False) == "torch"
     with pytest.raises(ValueError, match="'flex' takes no score bias"):
-        page_executor("flex", q, k, v, biased=True)
+        executor_for("flex", q, k, v, biased=True)
 
 
 def test_an_unknown_executor_is_refused_at_config_time():

@@ -1,4 +1,5 @@
-"""The FlexAttention executor of page selections: its block mask, and its compiled kernel.
+"""The FlexAttention executor of page selections and of the sinks + window: block masks and
+the compiled kernel.
 
 The contract suite checks the executor's eager form, which applies only the ``mask_mod``;
 the compiled kernel also skips the tiles the block mask leaves out, so these tests check
@@ -11,6 +12,13 @@ import pytest
 import torch
 
 from attnlab.ops.attention.masks import key_ranks, rank_positions
+from attnlab.ops.attention.window import (
+    _allowed,
+    _counts,
+    window_attention,
+    window_attention_naive,
+    window_block_mask,
+)
 from attnlab.ops.contract import attention_inputs, padding_mask
 from attnlab.ops.sparse_attention.flex import (
     COMPILE_MIN_QUERIES,
@@ -42,9 +50,16 @@ def _selection(gen: torch.Generator, t: int, *, page: int, n: int, padded: bool
                          else rank_positions(padding)), padding
 
 
+def _blocks(keep: torch.Tensor, q_block: int, kv_block: int) -> torch.Tensor:
+    """``[..., Tq, Tk]`` bool -> ``[..., Nq, Nk]``: the tiles holding a kept key."""
+    t_q, t_k = keep.shape[-2:]
+    keep = torch.nn.functional.pad(keep, (0, -t_k % kv_block, 0, -t_q % q_block))
+    return keep.unflatten(-1, (-1, kv_block)).any(-1).unflatten(-2, (-1, q_block)).any(-2)
+
+
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize(("q_block", "kv_block"), [(8, 4), (16, 8), (4, 16)])
-def test_tiles_cover_every_read_key_and_skip_others(padded, q_block, kv_block):
+def test_page_tiles_cover_every_read_key_and_skip_others(padded, q_block, kv_block):
     gen = torch.Generator().manual_seed(0)
     t, page = 96, 8
     selection, _ = _selection(gen, t, page=page, n=4, padded=padded)
@@ -52,8 +67,7 @@ def test_tiles_cover_every_read_key_and_skip_others(padded, q_block, kv_block):
     tiles = mask.to_dense().bool()  # [B, H, Nq, Nk]
     keep = selection_keep(selection, t)  # [B, Hk, Tq, Tk]
     keep &= (torch.arange(t) < selection.limit.max())[None, None, None]
-    need = torch.nn.functional.pad(keep, (0, -t % kv_block, 0, -t % q_block))
-    need = need.unflatten(-1, (-1, kv_block)).any(-1).unflatten(-2, (-1, q_block)).any(-2)
+    need = _blocks(keep, q_block, kv_block)
     tiles_kv = tiles[:, ::3]  # query heads 0 and 3: one per KV head
     assert (tiles_kv | ~need).all(), "a tile a row reads is missing"
     assert tiles_kv.sum() < tiles_kv.numel() * 0.75, "the tiles are not sparse"
@@ -63,7 +77,7 @@ def test_tiles_cover_every_read_key_and_skip_others(padded, q_block, kv_block):
 
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_compiled_kernel_equals_the_reference(padded, dtype):
+def test_compiled_page_kernel_equals_the_reference(padded, dtype):
     gen = torch.Generator().manual_seed(1)
     t = 2 * COMPILE_MIN_QUERIES
     selection, _ = _selection(gen, t, page=16, n=4, padded=padded)
@@ -88,3 +102,37 @@ def test_gradients_on_cpu_take_the_gather_path():
     attend_pages_naive(**ref_inputs, selection=selection, scale=0.3).square().sum().backward()
     for name in qkv:
         assert_close(name, ref_inputs[name].grad, qkv[name].grad, 1e-12)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize(("sinks", "window"), [(0, 1), (4, 20), (3, 200)])
+@pytest.mark.parametrize(("t_q", "q_block", "kv_block"), [(96, 8, 4), (96, 16, 16), (5, 4, 8)])
+def test_window_tiles_cover_every_read_key_and_skip_others(padded, sinks, window, t_q,
+                                                          q_block, kv_block):
+    t = 96
+    mask = padding_mask(2, t) if padded else None
+    ranks = key_ranks(mask, 2, t, None)
+    counts = _counts(ranks)
+    block_mask = window_block_mask(ranks, counts, t_q, 4, sinks=sinks, window=window,
+                                   q_block=q_block, kv_block=kv_block)
+    tiles = block_mask.to_dense().bool()[:, 0]  # [B, Nq, Nk]; every head alike
+    allowed = _allowed(ranks, counts, torch.arange(t - t_q, t), torch.arange(t), sinks,
+                       window)[:, 0]
+    need = _blocks(allowed, q_block, kv_block)
+    assert (tiles | ~need).all(), "a tile a row reads is missing"
+    if window < 100 and t_q == t:
+        assert tiles.sum() < tiles.numel() * 0.6, "the tiles are not sparse"
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_compiled_window_kernel_equals_the_reference(padded):
+    gen = torch.Generator().manual_seed(3)
+    t = 2 * COMPILE_MIN_QUERIES
+    qkv = attention_inputs(gen, h=6, t_q=t, t_k=t)
+    mask = padding_mask(2, t) if padded else None
+    kw = dict(scale=0.3, sinks=4, window=24, key_padding_mask=mask)
+    ref = window_attention_naive(**qkv, **kw)
+    with torch.no_grad():
+        out = window_attention(**{n: x.float() for n, x in qkv.items()}, **kw, executor="flex")
+    real = slice(None) if mask is None else mask[:, None, :, None].expand_as(ref)
+    assert_close("compiled flex window", ref[real], out.double()[real], 1e-5)
