@@ -98,3 +98,12 @@ def test_an_unknown_executor_is_refused_at_config_time():
     with pytest.raises(ValueError, match="unknown executor 'cuda'; choose one of auto, "
                                          "native, flex, torch"):
         _core("quest", "cuda")
+
+
+def test_a_selector_without_a_flex_path_refuses_flex_and_never_gets_it():
+    q, k, v, _ = (x.to("meta") for x in _inputs(torch.float32))
+    with pytest.raises(ValueError, match="has no 'flex' executor"):
+        executor_for("flex", q, k, v, flex_fits=False)
+    with pytest.raises(ValueError, match="not on meta; use 'torch' or 'auto'"):
+        executor_for("native", q, k, v, flex_fits=False)
+    assert executor_for("auto", q, k, v, flex_fits=False) == "torch"

@@ -10,7 +10,7 @@ import torch
 
 from attnlab.config import ConfigError
 from attnlab.layers import Attention, AttentionConfig, LayerContext
-from attnlab.layers.flex import COMPILE_MIN_QUERIES
+from attnlab.ops.sparse_attention.executors import COMPILE_MIN_QUERIES
 
 T = COMPILE_MIN_QUERIES + 66  # a partial block of 128 at the end
 

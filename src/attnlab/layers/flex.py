@@ -6,10 +6,12 @@ positions, your own) runs fused, block by block, without a ``[Tq, Tk]`` tensor; 
 blocks are skipped. ``softmax1`` is softmax over one extra key whose score and value are 0.
 
 Compilation: the kernel is compiled (``torch.compile``, once per shape; a new bias closure
-over new tensors reuses the compiled kernel). With torch 2.13 the compiled CPU kernel is
+over new tensors reuses the compiled kernel; :func:`~attnlab.ops.sparse_attention.flex.
+flex_attend`, shared with the sparse executors). With torch 2.13 the compiled CPU kernel is
 inference-only, so on CPU a call that needs gradients runs the explicit reference with the
-bias made dense instead (same result; a one-time log line says so). Decoding calls (few
-queries) skip compilation too, since every step has a new key count.
+bias made dense instead (same result; a one-time log line says so). Decoding calls (fewer
+than :data:`~attnlab.ops.sparse_attention.executors.COMPILE_MIN_QUERIES` queries) skip
+compilation too, since every step has a new key count.
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
 from attnlab.layers.bias import ScoreBias
 from attnlab.layers.registry import CORES
 from attnlab.ops.attention import softmax_attention
+from attnlab.ops.sparse_attention.executors import COMPILE_MIN_QUERIES
+from attnlab.ops.sparse_attention.flex import flex_attend
 
 logger = logging.getLogger(__name__)
 
-COMPILE_MIN_QUERIES = 64
-"""Fewer queries (decoding steps) run the reference: compiling per key count would cost more."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,13 +44,6 @@ class FlexOptions:
         if self.activation not in ("softmax", "softmax1"):
             raise ValueError(f"the flex core computes activation 'softmax' or 'softmax1', not "
                              f"{self.activation!r}; 'sigmoid' needs core 'sdpa' or 'eager'")
-
-
-@functools.cache
-def _compiled() -> Any:
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
 
 
 @functools.cache
@@ -93,8 +88,7 @@ class FlexCore(AttentionCore):
             v = torch.cat((v.new_zeros(*v.shape[:2], 1, v.shape[-1]), v), dim=-2)
         block_mask = self._block_mask(q, k.shape[-2], key_padding_mask, null)
         score_mod = None if score_bias is None else _shifted(score_bias, null)
-        out = _compiled()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                          enable_gqa=k.shape[1] != q.shape[1])
+        out = flex_attend(q, k, v, block_mask, scale=scale, score_mod=score_mod)
         return CoreOutput(out)
 
     def _fused(self, *tensors: Tensor) -> bool:

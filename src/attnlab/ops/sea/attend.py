@@ -26,6 +26,7 @@ from attnlab.ops.sparse_attention import (
     run_attention_naive,
     run_keys,
 )
+from attnlab.ops.sparse_attention.executors import executor_for
 from attnlab.ops.sparse_attention.runs import native_bias
 
 # Query rows whose cells are selected and attended together on the PyTorch path: the cell
@@ -81,8 +82,9 @@ def selected_attention(
     """
     tensors = [q, k, v, ranking] + ([] if row_scale is None else [row_scale])
     weighting = {"activation": activation, "sigmoid_bias": sigmoid_bias}
-    if (native_bias(score_bias) and activation == "softmax" and not dense and group == "heads"
-            and native.supports(*tensors)):
+    fused = activation == "softmax" and not dense and group == "heads"
+    if executor_for("auto", *tensors, biased=not native_bias(score_bias), native_fits=fused,
+                    flex_fits=False) == "native":
         return native.select_attention_native(
             q, k, v, ranking, lengths, k_per_head, cap=k_per_head, scale=scale,
             row_scale=row_scale, rank_to_pos=rank_to_pos, threads=threads, distance=score_bias,

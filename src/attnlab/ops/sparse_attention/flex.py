@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from attnlab.ops import contract
+from attnlab.ops.sparse_attention.executors import COMPILE_MIN_QUERIES
 from attnlab.ops.sparse_attention.pages import (
     PageSelection,
     attend_pages,
@@ -48,8 +49,6 @@ heads of 64, 3 KV heads) at 8192 tokens, Quest at a budget of 256 on random inpu
 (docs/results/flex-executor-cpu): the compiled kernel took 541 / 674 / 775 / 891 ms with
 tiles of 16 / 32 / 64 / 128 rows, which read 14 / 18 / 22 / 26% of the key blocks (the
 union of the rows' pages grows with the tile)."""
-COMPILE_MIN_QUERIES = 64
-"""Fewer query rows run FlexAttention's eager form (module docstring)."""
 RECOMPILE_LIMIT = 64
 """Compiled kernels kept per process (one per shape and tile size). Torch's default of 8
 is reached by a run over a few lengths and executors, after which every call silently ran
@@ -182,10 +181,12 @@ def attend_pages_flex(q: Tensor, k: Tensor, v: Tensor, selection: PageSelection,
     return flex_attend(q, k, v, block_mask, scale=scale)
 
 
-def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: Any, *, scale: float) -> Tensor:
-    """FlexAttention of q ``[B, H, Tq, D]`` over k, v ``[B, Hk, Tk, D]`` on ``block_mask``:
-    compiled from :data:`COMPILE_MIN_QUERIES` rows, eager below (module docstring); a row
-    with no key outputs 0."""
+def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: Any, *, scale: float,
+                score_mod: Any = None) -> Tensor:
+    """FlexAttention of q ``[B, H, Tq, D]`` over k, v ``[B, Hk, Tk, D]`` on ``block_mask``
+    (None: every key) with ``score_mod`` (None: none): compiled from
+    :data:`COMPILE_MIN_QUERIES` rows, eager below (module docstring); a row with no key
+    outputs 0."""
     from torch.nn.attention.flex_attention import flex_attention
 
     compiled = q.shape[-2] >= COMPILE_MIN_QUERIES
@@ -195,7 +196,7 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: Any, *, scale: floa
     with warnings.catch_warnings(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
         # the eager form is chosen, and said once (above)
         warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
-        return attend(q, k, v, block_mask=block_mask, scale=scale,
+        return attend(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                       enable_gqa=k.shape[1] != q.shape[1])
 
 

@@ -21,6 +21,7 @@ from attnlab.ops import contract
 from attnlab.ops.attention.bias import BiasFn, DistanceBias
 from attnlab.ops.sparse_attention import native
 from attnlab.ops.sparse_attention.cells import cell_attention
+from attnlab.ops.sparse_attention.executors import executor_for
 from attnlab.ops.sparse_attention.naive import cell_attention_naive
 
 
@@ -111,7 +112,8 @@ def run_attention(
     if validate:
         _check_runs(q, k, cell_head, cell_lo, cell_count, cell_width, rank_to_pos)
     tensors = [q, k, v] + ([] if row_scale is None else [row_scale])
-    if native_bias(score_bias) and activation == "softmax" and native.supports(*tensors):
+    if executor_for("auto", *tensors, biased=not native_bias(score_bias),
+                    native_fits=activation == "softmax", flex_fits=False) == "native":
         return native.run_attention_native(
             q, k, v, cell_head, cell_lo, cell_count, cell_width, scale=scale,
             row_scale=row_scale, rank_to_pos=rank_to_pos, distance=score_bias,
