@@ -1,4 +1,9 @@
-"""The FlexAttention executor of page selections: block-sparse, with no host in the loop.
+"""The FlexAttention executor: block-sparse, with no host in the loop.
+
+:func:`flex_attend` runs FlexAttention on a block mask (compiled where it pays; shared by
+the page selectors, the window in :mod:`attnlab.ops.attention.window` and the ``flex``
+core); :func:`block_mask_of_tiles` and :func:`blocks_of_spans` build a block mask from the
+key blocks each tile of queries reads.
 
 A :class:`~attnlab.ops.sparse_attention.pages.PageSelection` says which pages each query
 row reads. FlexAttention runs on tiles of ``q_block`` query rows x ``kv_block`` key
