@@ -27,7 +27,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -304,6 +306,32 @@ inline int64_t distance_bucket(int64_t d, int64_t n) {
   return std::min(bits, n - 1);
 }
 
+// Moves the `keep` candidates of most mass (ties: the lower page first) to order[0, keep),
+// in no particular order, among the first n of `order`. For float masses each candidate
+// becomes one integer key (a non-negative float's bits order as the float does; the low
+// half holds ~page, so the lower page wins a tie), which selects without branching on
+// float comparisons; doubles compare directly.
+template <typename T>
+void keep_best(std::vector<int64_t>& order, const std::vector<T>& mass, int64_t n,
+               int64_t keep, std::vector<uint64_t>& keys) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (int64_t c = 0; c < n; ++c) {
+      uint32_t bits;
+      std::memcpy(&bits, &mass[order[c]], sizeof bits);
+      keys[c] = (static_cast<uint64_t>(bits) << 32) | static_cast<uint32_t>(~order[c]);
+    }
+    std::nth_element(keys.begin(), keys.begin() + keep, keys.begin() + n,
+                     std::greater<uint64_t>());
+    for (int64_t c = 0; c < keep; ++c)
+      order[c] = static_cast<int64_t>(~static_cast<uint32_t>(keys[c]));
+  } else {
+    auto higher = [&](int64_t x, int64_t y) {
+      return mass[x] > mass[y] || (mass[x] == mass[y] && x < y);
+    };
+    std::nth_element(order.begin(), order.begin() + keep, order.begin() + n, higher);
+  }
+}
+
 // What a page selector's step needs beside the attention's inputs (see page_attention).
 // The page features are stored like the keys (S: a bfloat16 model keeps them in 16 bits) and
 // widened to T in the dot products.
@@ -336,6 +364,7 @@ void page_attention(const Inputs<S, T>& in, const PageScores<S, T>& ps, int n_th
     RowAttention<S, T> row_attention(in, ps.page);
     std::vector<T> logit(ps.P), mass(ps.P);
     std::vector<int64_t> order(ps.P), bucket(ps.bias ? ps.P : 0);
+    std::vector<uint64_t> sort_keys(ps.P);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < in.B * in.Tq * in.Hk; ++item) {
       const int64_t row = item / in.Hk, g = item % in.Hk;
@@ -382,11 +411,7 @@ void page_attention(const Inputs<S, T>& in, const PageScores<S, T>& ps, int n_th
           for (c = 0; c < n; ++c) mass[order[c]] += logit[c] * inverse;
         }
         const int64_t keep = std::min(ps.n_top, n);
-        auto higher = [&](int64_t x, int64_t y) {
-          return mass[x] > mass[y] || (mass[x] == mass[y] && x < y);
-        };
-        if (keep < n) std::nth_element(order.begin(), order.begin() + keep, order.begin() + n,
-                                       higher);
+        if (keep < n) keep_best(order, mass, n, keep, sort_keys);
         for (int64_t j = 0; j < per; ++j) {
           const int64_t h = g * per + j;
           auto add = [&](int64_t p) {
