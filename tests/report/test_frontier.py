@@ -154,6 +154,26 @@ def test_the_plot_draws_what_was_measured_and_labels_what_tells_variants_apart(m
     assert lines == [1.02]  # quest 128 has no speed: not drawn, counted in the title
 
 
+def test_passkey_points_of_mixed_protocols_say_their_protocol(monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    labels = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "annotate",
+                        lambda self, text, *a, **k: labels.append(text))
+    points = [{"variant": "original", "core": "original", "keys_per_row": None,
+               "seq_len": 2048, "passkey": 1.0, "passkey_protocol": "dense-prefill",
+               "decode_speedup": 1.0},
+              {"variant": "sea_pages p8 256", "core": "sea_pages", "keys_per_row": 256,
+               "seq_len": 2048, "passkey": 0.9, "passkey_protocol": "sparse",
+               "decode_speedup": 1.3}]
+    plot_frontier(points, 2048, tmp_path / "f.png")
+    assert labels == ["all (dense-prefill)", "p8 256 (sparse)"]
+    labels.clear()
+    plot_frontier(points[:1], 2048, tmp_path / "g.png")
+    assert labels == ["all"]  # one protocol: the axis says it
+
+
 def test_runs_of_one_model_merge_and_a_cell_measured_twice_is_refused():
     full = long_context_result()
     ppl = {**full, "records": [r for r in full["records"] if r["task"] == "perplexity"]}

@@ -211,7 +211,8 @@ def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
     """Quality (perplexity ratio; passkey accuracy: a row of panels per task measured)
     against speed (decode; prefill speedup over the original, each where measured) at
     ``seq_len``: one marker per variant, labelled with its keys per row (and what else
-    tells it from its core's other variants); the oracle (no fast path, never timed) is a
+    tells it from its core's other variants, and its passkey protocol where the points
+    mix protocols); the oracle (no fast path, never timed) is a
     dashed line at its quality; other variants without a measured speed are counted under
     the panels (the report's table has them). Needs matplotlib."""
     mine = [p for p in points if p["seq_len"] == seq_len]
@@ -224,7 +225,13 @@ def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
     fig, grid = new_figure(len(cols), width=5.2 if len(cols) > 1 else 7.0, height=4.2,
                            nrows=len(rows), squeeze=False)
     unmeasured = [p for p in mine if all(p.get(k) is None for k, _ in speeds)]
+    protocols = list(dict.fromkeys(p["passkey_protocol"] for p in mine
+                                   if p.get("passkey") is not None))
     for i, (qkey, qlabel) in enumerate(rows):
+        # one passkey protocol: said on the axis; several: said at each point
+        said = qkey == "passkey" and len(protocols) > 1
+        if qkey == "passkey" and len(protocols) == 1:
+            qlabel = f"passkey accuracy, {protocols[0]} (higher is better)"
         for j, (skey, slabel) in enumerate(cols):
             ax = grid[i][j]
             for p in unmeasured:
@@ -242,8 +249,9 @@ def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
                 ax.scatter([p[skey] for p in pts], [p[qkey] for p in pts], label=core,
                            marker=marker(core), s=60)
                 for p in pts:
-                    ax.annotate(_point_label(p), (p[skey], p[qkey]),
-                                textcoords="offset points", xytext=(5, 4), fontsize=8)
+                    text = _point_label(p) + (f" ({p['passkey_protocol']})" if said else "")
+                    ax.annotate(text, (p[skey], p[qkey]), textcoords="offset points",
+                                xytext=(5, 4), fontsize=8)
             ax.axvline(1.0, color="grey", lw=0.8, ls=":")
             values = [p[qkey] for p in mine if p.get(qkey)]
             if qkey == "ppl_ratio" and values and max(values) / min(values) > 5:
