@@ -42,6 +42,13 @@ page_oracles() {  # what the page size costs at 8k, budget 256: the page oracle 
     --variant "{name: oracle, k: 256, page: 8}" --json "$OUT/ppl-8192-b256-page-oracles.json"
 }
 
+passkey_sparse_1024() {  # length: fully sparse passkey at budget 1024, sea_pages and Quest
+                         # (the original's answers: passkey-$1-sparse.json, same prompts)
+  "${A[@]}" --tasks passkey --passkey-protocols sparse --lengths "$1" --prompts "$PROMPTS" \
+    --variant "{name: sea_pages, budget: 1024, estimators: smollm2-135m}" \
+    --variant "{name: quest, budget: 1024}" --json "$OUT/passkey-$1-sparse-1024.json"
+}
+
 page_oracle_4() {  # the page oracle at pages of 4 keys (8k, budget 256, the same windows)
   "${A[@]}" --tasks perplexity --lengths 8192 --ppl-tokens "${PPL_TOKENS:-16384}" \
     --variant original --variant "{name: oracle, k: 256, page: 4}" \
@@ -95,7 +102,7 @@ STEPS=("perplexity 8192 256 16384 all" "passkey 8192" "perplexity 8192 1024 8192
        "perplexity 4096 256 16384 all" "perplexity 4096 1024 16384 pages" "passkey 4096"
        "passkey 2048" "perplexity 8192 512 16384 all" "perplexity 8192 128 16384 pages"
        "passkey_sparse 2048" "perplexity 8192 2048 16384 main" "passkey_sparse 4096"
-       "passkey_sparse_256 8192" page_oracle_4)
+       "passkey_sparse_256 8192" page_oracle_4 "passkey_sparse_1024 8192")
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step
