@@ -12,8 +12,7 @@ from attnlab.config import PartSpec
 from attnlab.layers import CORES, LayerContext
 from attnlab.ops.attention.pages import paged_attention_naive
 from attnlab.ops.attention.window import window_attention_naive
-from attnlab.ops.sparse_attention.executors import executor_for
-from attnlab.ops.sparse_attention.flex import COMPILE_MIN_QUERIES
+from attnlab.ops.sparse_attention.executors import COMPILE_MIN_QUERIES, executor_for
 from attnlab.utils.testing import assert_close
 
 B, H, HK, D = 2, 6, 2, 16

@@ -20,11 +20,8 @@ from attnlab.ops.attention.window import (
     window_block_mask,
 )
 from attnlab.ops.contract import attention_inputs, padding_mask
-from attnlab.ops.sparse_attention.flex import (
-    COMPILE_MIN_QUERIES,
-    attend_pages_flex,
-    page_block_mask,
-)
+from attnlab.ops.sparse_attention.executors import COMPILE_MIN_QUERIES
+from attnlab.ops.sparse_attention.flex import attend_pages_flex, page_block_mask
 from attnlab.ops.sparse_attention.pages import (
     PageSelection,
     attend_pages_naive,
