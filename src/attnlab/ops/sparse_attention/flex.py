@@ -57,8 +57,9 @@ union of the rows' pages grows with the tile)."""
 RECOMPILE_LIMIT = 64
 """Compiled kernels kept per process (one per shape and tile size). Torch's default of 8
 is reached by a run over a few lengths and executors, after which every call silently ran
-the eager form (measured: 13.7-14.8 s instead of 0.6 s for one layer at 8k); dynamic shapes do
-not compile on CPU with torch 2.13 (an inductor C++ error), so each shape has its own."""
+the eager form (measured: 12.8-14.8 s instead of 0.8-0.9 s for one layer at 8k); dynamic
+shapes do not compile on CPU with torch 2.13 (an inductor C++ error), so each shape has
+its own."""
 
 
 @functools.cache
