@@ -77,6 +77,8 @@ def test_a_labelled_copy_of_a_core_takes_its_own_options():
     assert specs["quest@flex"].name == "quest"
     assert specs["quest@flex"].options == {"executor": "flex"}
     assert specs["quest"].options == {}
+    with pytest.raises(ConfigError, match="'window@' must look like CORE or CORE@LABEL"):
+        attention.core_specs(["window@"])
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -80,6 +80,10 @@ def core_specs(mechanisms: Sequence[str], overrides: Sequence[str] = ()) -> dict
     or ``CORE@LABEL`` for a second copy of a core with its own options (``quest@flex`` with
     ``--set quest@flex.executor=flex``). Raises ``ConfigError`` for an unknown core (listing
     the registered ones) or option."""
+    for m in mechanisms:
+        core, at, label = m.partition("@")
+        if at and not (core and label):
+            raise ConfigError(f"mechanism {m!r} must look like CORE or CORE@LABEL")
     data: dict[str, Any] = {m: {"name": m.partition("@")[0]} for m in mechanisms}
     for assignment in overrides:
         key = assignment.split("=", 1)[0].strip()
