@@ -29,7 +29,7 @@ from attnlab.layers.bias import ScoreBias
 from attnlab.layers.registry import CORES
 from attnlab.ops.attention import softmax_attention
 from attnlab.ops.sparse_attention.executors import COMPILE_MIN_QUERIES
-from attnlab.ops.sparse_attention.flex import flex_attend
+from attnlab.ops.sparse_attention.flex import flex_attend, flex_serves
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +93,7 @@ class FlexCore(AttentionCore):
 
     def _fused(self, *tensors: Tensor) -> bool:
         """Whether this call runs the compiled kernel (module docstring)."""
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-        cpu_training = tensors[0].device.type == "cpu" and needs_grad
+        cpu_training = not flex_serves(*tensors)
         if cpu_training and self.compile:
             _say_cpu_training_runs_the_reference()
         return self.compile and not cpu_training and tensors[0].shape[-2] >= COMPILE_MIN_QUERIES

@@ -20,7 +20,12 @@ from attnlab.ops.attention.page_rules import page_masks, select_pages
 from attnlab.ops.attention.page_scorers import SCORERS, PageScorer, scorer_logits
 from attnlab.ops.attention.page_summary import summarize
 from attnlab.ops.sparse_attention import native
-from attnlab.ops.sparse_attention.pages import PageSelection, attend_pages, pages_from_kept
+from attnlab.ops.sparse_attention.pages import (
+    PageSelection,
+    attend_pages,
+    pages_from_kept,
+    row_limits,
+)
 
 
 def attend_best_pages_reference(
@@ -37,9 +42,8 @@ def attend_best_pages_reference(
                                   causal)
     kept = select_pages(logits, k.shape[1], readable, forced,
                         budget // page - sink_pages - local_pages)
-    limit = q_ranks + 1 if causal else n_real[:, None].expand_as(q_ranks)
     selection = PageSelection(pages_from_kept(kept, budget // page), page,
-                              limit.masked_fill(q_ranks < 0, 0), rank_to_pos)
+                              row_limits(q_ranks, n_real, causal), rank_to_pos)
     return attend_pages(q, k, v, selection, scale=scale)
 
 

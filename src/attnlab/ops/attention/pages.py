@@ -50,7 +50,7 @@ from attnlab.ops.attention.page_step import attend_best_pages
 from attnlab.ops.attention.page_summary import summarize
 from attnlab.ops.sparse_attention.executors import executor_for
 from attnlab.ops.sparse_attention.flex import attend_pages_flex
-from attnlab.ops.sparse_attention.pages import PageSelection, pages_from_kept
+from attnlab.ops.sparse_attention.pages import PageSelection, pages_from_kept, row_limits
 
 QUERY_BLOCK = 256
 GATHER_RATIO = 16
@@ -123,8 +123,8 @@ def select_page_rows(q: Tensor, k: Tensor, *, scale: float, budget: int, page: i
                                  q_start=t_k - t_q + start)
         pages.append(pages_from_kept(kept, budget // page))
     q_ranks = ranks[:, t_k - t_q:]
-    limit = q_ranks + 1 if causal else (ranks.max(-1, keepdim=True).values + 1).expand_as(q_ranks)
-    return PageSelection(torch.cat(pages, dim=-2), page, limit.masked_fill(q_ranks < 0, 0),
+    return PageSelection(torch.cat(pages, dim=-2), page,
+                         row_limits(q_ranks, ranks.max(-1).values + 1, causal),
                          None if key_padding_mask is None else rank_positions(key_padding_mask))
 
 

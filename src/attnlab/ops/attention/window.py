@@ -45,9 +45,16 @@ def _allowed(ranks: Tensor, counts: Tensor, q_pos: Tensor, k_pos: Tensor, sinks:
     the queries and keys used. A padded query's window ends at the last real key before it."""
     rank_q = (counts[:, q_pos] - 1).clamp_min(0)[:, :, None]
     rank_k = ranks[:, k_pos][:, None, :]
-    ok = (rank_k >= 0) & (k_pos[None, None, :] <= q_pos[None, :, None])
-    ok &= (rank_k < sinks) | (rank_q - rank_k < window)
-    return ok[:, None]
+    return _reads(rank_q, rank_k, q_pos[None, :, None], k_pos[None, None, :], sinks,
+                  window)[:, None]
+
+
+def _reads(rank_q: Tensor, rank_k: Tensor, q_pos: Tensor, k_pos: Tensor, sinks: int,
+           window: int) -> Tensor:
+    """Whether a query (its last real key's rank, its position) reads a key (its rank, -1
+    for padding; its position): a real key, not after the query, a sink or in the window.
+    Broadcasts."""
+    return (rank_k >= 0) & (k_pos <= q_pos) & ((rank_k < sinks) | (rank_q - rank_k < window))
 
 
 PairBias = Callable[[Tensor, Tensor], Tensor]
@@ -183,9 +190,7 @@ def window_block_mask(ranks: Tensor, counts: Tensor, t_q: int, n_heads: int, *, 
     tiles = blocks_of_spans(first, last, used, n_k)[:, None]  # [B, 1, Nq, Nk]
 
     def mask_mod(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        rank_q, rank_k = counts[b, i + offset] - 1, ranks[b, j]
-        near = (rank_k < sinks) | (rank_q - rank_k < window)
-        return (rank_k >= 0) & (j <= i + offset) & near
+        return _reads(counts[b, i + offset] - 1, ranks[b, j], i + offset, j, sinks, window)
 
     return block_mask_of_tiles(tiles, mask_mod, t_q, t_k, q_block, kv_block, n_heads)
 

@@ -41,6 +41,14 @@ class PageSelection:
     rank_to_pos: Tensor | None = None
 
 
+def row_limits(q_ranks: Tensor, n_real: Tensor, causal: bool) -> Tensor:
+    """``PageSelection.limit`` ``[B, Tq]``: the ranks below which each row reads, from the
+    queries' ranks ``[B, Tq]`` (-1: padded, reads none) and the real keys ``[B]``: its own
+    rank + 1 when causal, every real key otherwise."""
+    limit = q_ranks + 1 if causal else n_real[:, None].expand_as(q_ranks)
+    return limit.masked_fill(q_ranks < 0, 0)
+
+
 def pages_from_kept(kept: Tensor, n: int) -> Tensor:
     """``[B, Hk, Tq, n]`` page indices (-1: unused) of the pages ``kept`` ``[B, Hk, Tq, P]``
     (bool, at most ``n`` per row), in increasing order."""
@@ -110,8 +118,7 @@ def selection_example(gen: torch.Generator, *, padded: bool = False, causal: boo
     pages = torch.rand(2, 2, t_q, n_pages, generator=gen).topk(min(n, n_pages), -1).indices
     pages = pages.masked_fill(torch.rand(pages.shape, generator=gen) < 0.2, -1)
     q_ranks = ranks[:, -t_q:]
-    limit = q_ranks + 1 if causal else (ranks.max(-1, keepdim=True).values + 1).expand_as(q_ranks)
-    selection = PageSelection(pages, 3, limit.masked_fill(q_ranks < 0, 0),
+    selection = PageSelection(pages, 3, row_limits(q_ranks, ranks.max(-1).values + 1, causal),
                               None if padding is None else rank_positions(padding))
     return contract.Example({**qkv, "selection": selection, "scale": 0.4},
                             contract.attention_shape(qkv))
