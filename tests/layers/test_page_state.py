@@ -38,15 +38,19 @@ def inputs(seed: int = 0):
 
 def decode(layer, q, k, v, mask, first: int, step: int):
     """A prefill of ``first`` tokens, then ``step`` tokens per call, each call handing the
-    core the state it returned; -> (outputs ``[B, H, T, D]``, the calls that used a state)."""
+    core the state it returned (``mask`` None: no padding); -> (outputs ``[B, H, T, D]``,
+    the calls that used a state)."""
+    def upto(stop: int):
+        return None if mask is None else mask[:, :stop]
+
     out = layer(q[..., :first, :], k[..., :first, :], v[..., :first, :], scale=0.4,
-                key_padding_mask=mask[:, :first])
+                key_padding_mask=upto(first))
     pieces, state, used = [out.out], out.state, 0
     for start in range(first, T, step):
         stop = min(start + step, T)
         used += isinstance(state, PageState) and state.n_tokens == start
         out = layer(q[..., start:stop, :], k[..., :stop, :], v[..., :stop, :], scale=0.4,
-                    key_padding_mask=mask[:, :stop], state=state)
+                    key_padding_mask=upto(stop), state=state)
         pieces.append(out.out)
         state = out.state
     return torch.cat(pieces, dim=-2), used
@@ -54,15 +58,18 @@ def decode(layer, q, k, v, mask, first: int, step: int):
 
 @pytest.mark.parametrize("name", ["quest", "block", "sea_pages"])
 @pytest.mark.parametrize("autograd", [False, True], ids=["inference", "autograd"])
-def test_decoding_from_the_state_equals_the_full_pass(monkeypatch, name, autograd):
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+def test_decoding_from_the_state_equals_the_full_pass(monkeypatch, name, autograd, padded):
     """Without autograd the native kernel reads the pages (where it is built); with it, the
-    PyTorch executor does."""
+    PyTorch executor does. Without padding the state counts its keys without reading them."""
     calls = []
     real = native.page_attention_native
     monkeypatch.setattr(native, "page_attention_native",
                         lambda *a, **kw: calls.append(1) or real(*a, **kw))
     layer = core(name)
     q, k, v, mask = inputs()
+    mask = mask if padded else None
+    pad = PAD if padded else 0
     with torch.set_grad_enabled(autograd):
         if autograd:
             q.requires_grad_(True)
@@ -70,18 +77,22 @@ def test_decoding_from_the_state_equals_the_full_pass(monkeypatch, name, autogra
         out, used = decode(layer, q, k, v, mask, first=7, step=1)
     assert used == T - 7  # every step decoded from the state
     assert bool(calls) == (not autograd and native.available())
-    assert_close("decoded", full[..., PAD:, :], out[..., PAD:, :], 1e-13)
+    assert_close("decoded", full[..., pad:, :], out[..., pad:, :], 1e-13)
     assert_close("decoded, unpadded row", full[1], out[1], 1e-13)
 
 
-def test_steps_of_several_tokens_equal_the_full_pass():
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+def test_steps_of_several_tokens_equal_the_full_pass(padded):
+    """Steps of 5 tokens complete up to two pages at once."""
     layer = core("sea_pages")
     q, k, v, mask = inputs(1)
+    mask = mask if padded else None
     with torch.no_grad():
         full = layer(q, k, v, scale=0.4, key_padding_mask=mask).out
         out, used = decode(layer, q, k, v, mask, first=4, step=5)
     assert used == 5
-    assert_close("decoded by 5", full[..., PAD:, :], out[..., PAD:, :], 1e-13)
+    rows = slice(PAD if padded else 0, None)
+    assert_close("decoded by 5", full[..., rows, :], out[..., rows, :], 1e-13)
 
 
 @pytest.mark.skipif(not native.available(), reason="the native kernel is not built")

@@ -128,6 +128,24 @@ def test_features_refreshed_from_each_pages_keys_equal_those_of_all_keys(scorer)
         assert_close(f"row {row}", want[row, :, :held], kept.features[row, :, :held], 1e-14)
 
 
+@pytest.mark.parametrize("scorer", ["quest", "mean"])
+def test_features_refreshed_from_a_span_of_unpadded_pages_equal_those_of_all_keys(scorer):
+    """Without padding, pages refreshed from a slice of the keys (:meth:`refresh_span`) hold
+    the features of all keys; a span past the keys is refused."""
+    _, k, _ = qkv()
+    ranks = torch.arange(T).expand(B, T)
+    pages = ranks // PAGE
+    full = T // PAGE  # the pages every key of which is there
+    featurize = SCORERS[scorer].features
+    kept = PageFeatures(featurize(summarize(k[..., :PAGE, :], pages[:, :PAGE], 1)), featurize)
+    kept.cover(full)
+    kept.refresh_span(k, 1, full - 1, PAGE)
+    want = featurize(summarize(k, pages, -(-T // PAGE)))[:, :, :full]
+    assert_close("span", want, kept.features, 1e-14)
+    with pytest.raises(ValueError, match="not all within"):
+        kept.refresh_span(k, full, 1, PAGE)
+
+
 class BiasedScorer:
     """A learned-looking scorer: per-head projections of the query and the page's mean key,
     and a distance bias (as SEA's page estimator)."""

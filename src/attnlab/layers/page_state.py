@@ -56,29 +56,50 @@ def step_attention(state: PageState, q: Tensor, k: Tensor, v: Tensor,
     state's) into ``state``, refreshing the features of the pages they complete; the new
     causal queries q ``[B, H, Tq, D]`` then attend to the pages they select
     (:func:`~attnlab.ops.attention.page_step.attend_best_pages`) -> ``[B, H, Tq, Dv]``."""
-    b, _, t_k, _ = k.shape
-    t_q = q.shape[-2]
+    t_k, t_q = k.shape[2], q.shape[-2]
     with torch.no_grad():
         if key_padding_mask is None:
-            counts = state.n_real[:, None] + torch.arange(1, t_q + 1, device=k.device)
-            q_ranks = counts - 1
-            rank_to_pos = None
+            q_ranks, rank_to_pos = _count_all_real(state, k, t_q, page), None
         else:
-            real = key_padding_mask[:, t_k - t_q:]
-            counts = state.n_real[:, None] + real.long().cumsum(-1)
-            q_ranks = torch.where(real, counts - 1, -1)
-            rank_to_pos = rank_positions(key_padding_mask)
-        complete_before, complete = state.n_real // page, counts[:, -1] // page
-        n_new, n_pages = (int(x) for x in torch.stack(
-            ((complete - complete_before).max(), (counts[:, -1] + page - 1).max() // page)))
-        state.pages.cover(n_pages)  # up to the queries' own pages
-        if n_new > 0:  # the pages completed by the new keys (a row without one: its last)
-            index = (complete_before[:, None] + torch.arange(n_new, device=k.device)).minimum(
-                (complete - 1).clamp_min(0)[:, None])
-            state.pages.refresh(k.detach(), index, page, counts[:, -1], rank_to_pos)
-        state.n_real = counts[:, -1]
+            q_ranks, rank_to_pos = _count_padded(state, k, key_padding_mask, t_q, page)
         state.n_tokens = t_k
     return attend_best_pages(q, k, v, scorer=scorer, features=state.pages.features,
                              q_ranks=q_ranks, n_real=state.n_real, budget=budget, page=page,
                              sink_pages=sink_pages, local_pages=local_pages, causal=True,
                              scale=scale, rank_to_pos=rank_to_pos)
+
+
+def _count_all_real(state: PageState, k: Tensor, t_q: int, page: int) -> Tensor:
+    """:func:`step_attention`'s count when every key is real: the state's real keys are its
+    ``n_tokens``, so the pages to refresh are known without reading a tensor (a handful of
+    ops per step instead of a few dozen). Returns the queries' ranks ``[B, Tq]``."""
+    b, _, t_k, _ = k.shape
+    before = t_k - t_q
+    first, complete = before // page, t_k // page
+    state.pages.cover(-(-t_k // page))
+    if complete > first:
+        state.pages.refresh_span(k.detach(), first, complete - first, page)
+    state.n_real = torch.full((b,), t_k, dtype=torch.long, device=k.device)
+    return torch.arange(before, t_k, device=k.device).expand(b, t_q)
+
+
+def _count_padded(state: PageState, k: Tensor, key_padding_mask: Tensor, t_q: int, page: int
+                  ) -> tuple[Tensor, Tensor]:
+    """:func:`step_attention`'s count with padding (True = real key in ``key_padding_mask``
+    ``[B, Tk]``). Returns (the queries' ranks ``[B, Tq]``, -1 for padding; the map from rank
+    to position ``[B, Tk]``)."""
+    t_k = k.shape[2]
+    real = key_padding_mask[:, t_k - t_q:]
+    counts = state.n_real[:, None] + real.long().cumsum(-1)
+    q_ranks = torch.where(real, counts - 1, -1)
+    rank_to_pos = rank_positions(key_padding_mask)
+    complete_before, complete = state.n_real // page, counts[:, -1] // page
+    n_new, n_pages = (int(x) for x in torch.stack(
+        ((complete - complete_before).max(), (counts[:, -1] + page - 1).max() // page)))
+    state.pages.cover(n_pages)  # up to the queries' own pages
+    if n_new > 0:  # the pages completed by the new keys (a row without one: its last)
+        index = (complete_before[:, None] + torch.arange(n_new, device=k.device)).minimum(
+            (complete - 1).clamp_min(0)[:, None])
+        state.pages.refresh(k.detach(), index, page, counts[:, -1], rank_to_pos)
+    state.n_real = counts[:, -1]
+    return q_ranks, rank_to_pos

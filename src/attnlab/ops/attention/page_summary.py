@@ -4,7 +4,8 @@ A page holds ``page`` consecutive real keys (counted by rank among the real keys
 padding does not move the pages). Its summary is the elementwise sum, minimum and maximum of
 its keys and their count: Quest reads (min, max), block top-k the mean, SEA's page estimator
 all three. :func:`summarize` builds the summaries of a whole key tensor,
-:func:`summarize_pages` those of some pages from their keys; :class:`PageFeatures` keeps a
+:func:`summarize_pages` those of some pages from their keys (:func:`summarize_span`, of
+consecutive pages where no key is padding); :class:`PageFeatures` keeps a
 scorer's features of every page for a decoding state and refreshes a page's once it is
 complete (O(page) work every ``page`` tokens, whatever the context).
 """
@@ -75,6 +76,21 @@ def summarize_pages(k: Tensor, index: Tensor, page: int, n_real: Tensor,
     return summarize(keys if dtype is None else keys.to(dtype), torch.where(real, local, -1), m)
 
 
+def summarize_span(k: Tensor, first: int, m: int, page: int, dtype: torch.dtype | None = None
+                   ) -> PageSummary:
+    """:func:`summarize_pages` of the ``m`` full pages from page ``first`` when every key of
+    k ``[B, Hk, Tk, D]`` is real (rank = position): a slice of the keys reduced in place,
+    a handful of ops instead of gathers and scatters (a decoding step without padding)."""
+    b, h_kv, t_k, d = k.shape
+    if first < 0 or m < 1 or (first + m) * page > t_k:
+        raise ValueError(f"pages {first}..{first + m - 1} of {page} keys are not all within "
+                         f"the {t_k} keys")
+    keys = k[:, :, first * page:(first + m) * page]
+    keys = (keys if dtype is None else keys.to(dtype)).reshape(b, h_kv, m, page, d)
+    return PageSummary(keys.sum(3), keys.amin(3), keys.amax(3),
+                       keys.new_full((b, 1, m, 1), float(page)))
+
+
 SPARE_PAGES = 64
 """Room a :class:`PageFeatures` reserves beyond its first pages (1024 tokens at pages of
 16); past it the room doubles."""
@@ -122,3 +138,10 @@ class PageFeatures:
                                                   compute)).to(self.dtype)
         at = index[:, None, :, None].expand(*features.shape[:2], -1, features.shape[-1])
         self._room.scatter_(2, at, features)
+
+    def refresh_span(self, k: Tensor, first: int, m: int, page: int) -> None:
+        """:meth:`refresh` of the pages ``first ... first + m - 1`` of every row when all of
+        k's keys are real (:func:`summarize_span`)."""
+        compute = torch.promote_types(self.dtype, torch.float32)
+        features = self.featurize(summarize_span(k, first, m, page, compute))
+        self._room[:, :, first:first + m] = features.to(self.dtype)
