@@ -125,3 +125,30 @@ def test_a_training_mode_core_carries_no_state():
     layer = core("quest").train()
     q, k, v, _ = inputs()
     assert layer(q, k, v, scale=0.4).state is None
+
+
+@pytest.mark.parametrize("name", ["quest", "sea_pages"])
+def test_bfloat16_features_beside_float32_keys_halve_the_state_and_decode_as_the_full_pass(
+        name):
+    """``feature_dtype: bfloat16`` keeps a float32 layer's page features in 16 bits; the full
+    pass that starts the state reads the same rounded features, so decoding equals it."""
+    built = CORES.build(PartSpec(name, {**OPTIONS, "feature_dtype": "bfloat16"}),
+                        ctx=LayerContext(d_model=H * D, n_heads=H, d_head=D), dropout=0.0)
+    layer = built.float().eval()
+    q, k, v, mask = (x.float() if x.is_floating_point() else x for x in inputs(4))
+    with torch.no_grad():
+        full = layer(q, k, v, scale=0.4, key_padding_mask=mask)
+        out, used = decode(layer, q, k, v, mask, first=7, step=1)
+        keys_dtype = core(name).float()(q, k, v, scale=0.4, key_padding_mask=mask).state
+    assert used == T - 7
+    assert full.state.pages.features.dtype == torch.bfloat16
+    assert keys_dtype.pages.features.dtype == torch.float32
+    assert_close("decoded, bfloat16 features", full.out[..., PAD:, :].double(),
+                 out[..., PAD:, :].double(), 1e-6)
+
+
+def test_an_unknown_feature_dtype_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="feature_dtype 'float16' is not valid; valid: keys, "
+                                         "bfloat16"):
+        CORES.build(PartSpec("quest", {**OPTIONS, "feature_dtype": "float16"}),
+                    ctx=LayerContext(d_model=H * D, n_heads=H, d_head=D), dropout=0.0)

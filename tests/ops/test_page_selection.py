@@ -189,3 +189,32 @@ def test_one_call_scoring_selection_and_attention_equals_its_pytorch_steps(dtype
     out = attend_best_pages(q, k, v, **kw)
     assert out.dtype == dtype
     assert_close("pages in one call", ref, out.double(), TOLERANCE[dtype])
+
+
+@needs_native
+@pytest.mark.parametrize("scorer", ["quest", "biased"])
+def test_float32_keys_with_bfloat16_features_run_the_kernel_of_that_pair(monkeypatch, scorer):
+    """Page features kept in bfloat16 beside float32 keys are read as they are (the kernel of
+    that pair, no float32 copy) and give the reference's result on the same rounded
+    features."""
+    real, used = native._library(), []
+
+    class Spy:
+        def __getattr__(self, name):
+            used.append(name)
+            return getattr(real, name)
+
+    monkeypatch.setattr(native, "_library", Spy)
+    scorer = BiasedScorer() if scorer == "biased" else SCORERS[scorer]
+    q, k, v = qkv(torch.float32, t_q=4)
+    mask = padding_mask()
+    ranks = (mask.long().cumsum(-1) - 1).masked_fill(~mask, -1)
+    pages = torch.where(ranks >= 0, ranks // PAGE, -1)
+    features = scorer.features(summarize(k, pages, -(-T // PAGE))).to(torch.bfloat16)
+    kw = dict(scorer=scorer, features=features, q_ranks=ranks[:, -4:], n_real=mask.sum(-1),
+              budget=9, page=PAGE, sink_pages=1, local_pages=1, causal=True, scale=0.4,
+              rank_to_pos=rank_positions(mask))
+    out = attend_best_pages(q, k, v, **kw)
+    assert used[-1] == "attnlab_page_attention_f32_bf16"
+    ref = attend_best_pages_reference(*(x.double() for x in (q, k, v)), **kw)
+    assert_close("float32 keys, bfloat16 features", ref, out.double(), TOLERANCE[torch.float32])

@@ -38,13 +38,14 @@ class PageState:
     n_tokens: int
 
 
-def start_state(k: Tensor, key_padding_mask: Tensor | None, page: int, scorer: PageScorer
-                ) -> PageState:
-    """The state after keys k ``[B, Hk, Tk, D]`` (key_padding_mask ``[B, Tk]``, True = real)."""
+def start_state(k: Tensor, key_padding_mask: Tensor | None, page: int, scorer: PageScorer,
+                dtype: torch.dtype | None = None) -> PageState:
+    """The state after keys k ``[B, Hk, Tk, D]`` (key_padding_mask ``[B, Tk]``, True = real),
+    its page features kept in ``dtype`` (None: the keys')."""
     b, _, t_k, _ = k.shape
     with torch.no_grad():
         ranks = key_ranks(key_padding_mask, b, t_k, k.device)
-        features = all_page_features(k.detach(), ranks, page, scorer)
+        features = all_page_features(k.detach(), ranks, page, scorer, dtype)
         return PageState(PageFeatures(features, scorer.features), ranks.max(-1).values + 1,
                          t_k)
 

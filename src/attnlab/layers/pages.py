@@ -42,6 +42,10 @@ from attnlab.ops.attention.pages import paged_attention
 from attnlab.ops.sparse_attention.executors import check_executor
 from attnlab.utils.threads import single_threaded
 
+FEATURE_DTYPES = {"keys": None, "bfloat16": torch.bfloat16}
+"""``feature_dtype`` options: the dtype a decoding state keeps the page features in (None:
+the keys')."""
+
 ONE_THREAD_ROWS = 2
 """Query rows (batch x new tokens) up to which a decoding step runs on one thread. Measured on
 SmolLM2-135M at 8k (docs/results/serve-sea-pages-cpu): at batch 1 one thread loses nothing
@@ -57,7 +61,11 @@ class PageOptions:
     and up to the query; ``dense_layers``: this many first layers attend to every key;
     ``executor``: what computes the attention over the selection (``auto``, ``native``,
     ``flex``, ``torch``: :mod:`attnlab.ops.sparse_attention.executors`; a decoding step with
-    a state runs ``native`` on CPU and ``torch`` elsewhere)."""
+    a state runs ``native`` on CPU and ``torch`` elsewhere); ``feature_dtype``: what a
+    causal decoding state keeps the page features in (:data:`FEATURE_DTYPES`): ``keys``
+    (their dtype) or ``bfloat16`` (beside float32 keys half the state's memory and half the
+    bytes a step scores; the full pass that starts the state reads the same rounded
+    features, so decoding still equals it)."""
 
     budget: int = 256
     page: int = 16
@@ -65,10 +73,14 @@ class PageOptions:
     local_pages: int = 1
     dense_layers: int = 0
     executor: str = "auto"
+    feature_dtype: str = "keys"
 
     def validate(self) -> None:
         check_pages(self.budget, self.page, self.sink_pages, self.local_pages)
         check_executor(self.executor)
+        if self.feature_dtype not in FEATURE_DTYPES:
+            raise ValueError(f"feature_dtype {self.feature_dtype!r} is not valid; valid: "
+                             f"{', '.join(FEATURE_DTYPES)}")
         if self.dense_layers < 0:
             raise ValueError(f"dense_layers must be >= 0, got {self.dense_layers}")
 
@@ -117,7 +129,7 @@ class PageCore(AttentionCore):
         scorer = self.scorer if isinstance(self.scorer, str) else "learned"
         return (f"scorer={scorer!r}, budget={o.budget}, page={o.page}, "
                 f"sink_pages={o.sink_pages}, local_pages={o.local_pages}, dense={self.dense}, "
-                f"executor={o.executor!r}")
+                f"executor={o.executor!r}, feature_dtype={o.feature_dtype!r}")
 
     def forward(
         self,
@@ -148,7 +160,8 @@ class PageCore(AttentionCore):
                     page=o.page, sink_pages=o.sink_pages, local_pages=o.local_pages,
                     scorer=scorer)
             return CoreOutput(out, state=state)
-        state = start_state(k, key_padding_mask, o.page, scorer) if stateful else None
+        state = (start_state(k, key_padding_mask, o.page, scorer,
+                             FEATURE_DTYPES[o.feature_dtype]) if stateful else None)
         out = paged_attention(
             q, k, v, scale=scale, budget=o.budget, page=o.page, scorer=scorer,
             sink_pages=o.sink_pages, local_pages=o.local_pages, causal=self.causal,

@@ -69,17 +69,18 @@ def page_logits(q: Tensor, k: Tensor, pages: Tensor, n_pages: int, q_pages: Tens
                          scale)
 
 
-def all_page_features(k: Tensor, ranks: Tensor, page: int, scorer: PageScorer) -> Tensor:
+def all_page_features(k: Tensor, ranks: Tensor, page: int, scorer: PageScorer,
+                      dtype: torch.dtype | None = None) -> Tensor:
     """``scorer``'s features ``[B, Hk or H, P, F]`` of every page of k ``[B, Hk, Tk, D]``
     (ranks ``[B, Tk]``: :func:`~attnlab.ops.attention.masks.key_ranks`; ``P = ceil(Tk /
     page)``, from the shape, so nothing is read back to the host: the pages past a padded
     row's real keys are never candidates), computed from keys in at least float32 and kept
-    in the keys' dtype (a 16-bit model's in 16 bits: a decoding state holds them beside the
-    cache)."""
+    in ``dtype`` (None: the keys'; a 16-bit model's in 16 bits: a decoding state holds them
+    beside the cache)."""
     n_pages = max(1, -(-k.shape[-2] // page))
     compute = torch.promote_types(k.dtype, torch.float32)  # scores of 16-bit keys in fp32
     features = scorer.features(summarize(k.to(compute), key_pages(ranks, page), n_pages))
-    return features.to(k.dtype)
+    return features.to(k.dtype if dtype is None else dtype)
 
 
 def kept_pages(q: Tensor, k: Tensor, *, scale: float, budget: int, page: int,

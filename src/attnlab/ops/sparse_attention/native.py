@@ -43,6 +43,10 @@ DTYPES = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16"}
 # what scores, sums, the ranking and the row scale are computed in, per storage dtype
 COMPUTE = {torch.float32: torch.float32, torch.float64: torch.float64,
            torch.bfloat16: torch.float32}
+# the page kernel per (q, k, v dtype; page features' dtype): features like the keys, or
+# bfloat16 beside float32 keys (half the bytes a step scores)
+_PAGE_KERNELS = {**{(dtype, dtype): suffix for dtype, suffix in DTYPES.items()},
+                 (torch.float32, torch.bfloat16): "f32_bf16"}
 
 
 def _cpu_fingerprint() -> str:
@@ -94,12 +98,14 @@ def _library() -> ctypes.CDLL | None:
         run.argtypes = inputs + [ptr] * 4 + [i64] * 2 + [i32]
         select = getattr(lib, f"attnlab_select_attention_{suffix}")
         select.argtypes = inputs + [ptr] * 2 + [i64] * 3 + [i32]
+        run.restype = select.restype = None
+    for suffix in _PAGE_KERNELS.values():
         pages = getattr(lib, f"attnlab_page_attention_{suffix}")
         # qf feat fs, Hf P F, bias, n_buckets, q_rank n_real, page sinks local n_top, causal,
         # logit_scale, threads
         pages.argtypes = inputs + [ptr] * 3 + [i64] * 3 + [ptr, i64] + [ptr] * 2 + [i64] * 4 + [
             i32, dbl, i32]
-        run.restype = select.restype = pages.restype = None
+        pages.restype = None
     return lib
 
 
@@ -206,18 +212,20 @@ def page_attention_native(
     :func:`~attnlab.ops.attention.page_step.attend_best_pages`); callers check
     :func:`supports` first. query_features ``[B, H, Tq, F]``, features ``[B, Hk or H, P, F]``
     (a row of F contiguous), bias ``[H, n_buckets]`` or None, q_rank ``[B, Tq]``, n_real
-    ``[B]``. The features are read in q's dtype (a bfloat16 model's in 16 bits), the rest in
-    the compute dtype. Returns ``[B, H, Tq, Dv]``."""
+    ``[B]``. The features are read in their own dtype where the kernel has it (q's, or
+    bfloat16 beside float32 q), else in q's; the rest in the compute dtype. Returns
+    ``[B, H, Tq, Dv]``."""
     out, args, _alive = _common_inputs(q, k, v, None, rank_to_pos, scale, None)
     compute = COMPUTE[q.dtype]
     query = query_features.to(compute).contiguous()
-    feats = features.to(q.dtype)
+    kernel = _PAGE_KERNELS.get((q.dtype, features.dtype))
+    feats = features if kernel is not None else features.to(q.dtype)
     feats = feats if feats.stride(-1) == 1 else feats.contiguous()
     strides = (ctypes.c_int64 * 3)(*feats.stride()[:3])
     table = None if bias is None else bias.detach().to(compute).contiguous()
     ranks, counts = (x.to(torch.int64).contiguous() for x in (q_rank, n_real))
     b, h_kv, t_q = q.shape[0], k.shape[1], q.shape[2]
-    getattr(_library(), f"attnlab_page_attention_{DTYPES[q.dtype]}")(
+    getattr(_library(), f"attnlab_page_attention_{kernel or DTYPES[q.dtype]}")(
         *args, _ptr(query), _ptr(feats), strides, feats.shape[1], feats.shape[2],
         feats.shape[3], _ptr(table), 0 if table is None else table.shape[1], _ptr(ranks),
         _ptr(counts), page, sink_pages, local_pages, n_top, int(causal), float(scale),

@@ -333,12 +333,12 @@ void keep_best(std::vector<int64_t>& order, const std::vector<T>& mass, int64_t 
 }
 
 // What a page selector's step needs beside the attention's inputs (see page_attention).
-// The page features are stored like the keys (S: a bfloat16 model keeps them in 16 bits) and
+// The page features are stored as FS (like the keys, or bfloat16 beside float32 keys) and
 // widened to T in the dot products.
-template <typename S, typename T>
+template <typename FS, typename T>
 struct PageScores {
   const T* qf;         // [B, H, Tq, F] query features
-  const S* feat;       // page features of KV head (Hf == Hk) or query head (Hf == H)
+  const FS* feat;      // page features of KV head (Hf == Hk) or query head (Hf == H)
   const int64_t* fs;   // feat's batch, head and page strides (a row of F is contiguous)
   int64_t Hf, P, F;
   const T* bias;       // [H, n_buckets] added by page distance, or null
@@ -356,8 +356,8 @@ struct PageScores {
 // per head summed over the group's heads, the n_top best sums kept beside the forced pages
 // (the first sink_pages, and the local_pages up to the query's own); then each head of the
 // group attends to the kept pages' keys (ranks below the query's own + 1 when causal).
-template <typename S, typename T>
-void page_attention(const Inputs<S, T>& in, const PageScores<S, T>& ps, int n_threads) {
+template <typename S, typename T, typename FS>
+void page_attention(const Inputs<S, T>& in, const PageScores<FS, T>& ps, int n_threads) {
   const int64_t per = in.H / in.Hk;
 #pragma omp parallel num_threads(n_threads)
   {
@@ -387,7 +387,7 @@ void page_attention(const Inputs<S, T>& in, const PageScores<S, T>& ps, int n_th
         for (int64_t j = 0; j < per && n > 0; ++j) {
           const int64_t h = g * per + j, hf = ps.Hf == in.H ? h : g;
           const T* qh = ps.qf + ((b * in.H + h) * in.Tq + t) * ps.F;
-          const S* fh = ps.feat + b * ps.fs[0] + hf * ps.fs[1];
+          const FS* fh = ps.feat + b * ps.fs[0] + hf * ps.fs[1];
           int64_t c = 0;
           for (; c + 4 <= n; c += 4) {  // four pages at a time, as the keys' scores
             const int64_t* p = order.data() + c;
@@ -458,19 +458,24 @@ extern "C" {
     select_attention<S, T>(ATTNLAB_PACK(S, T), ranking, lengths, K, k_per_head, cap,         \
                            n_threads);                                                       \
   }                                                                                          \
+  ATTNLAB_PAGE_ENTRY_POINT(SUFFIX, S, T, S)
+
+// FS: how the page features are stored
+#define ATTNLAB_PAGE_ENTRY_POINT(SUFFIX, S, T, FS)                                            \
   void attnlab_page_attention_##SUFFIX(                                                      \
-      ATTNLAB_INPUTS(S, T), const T* qf, const S* feat, const int64_t* fs, int64_t Hf,       \
+      ATTNLAB_INPUTS(S, T), const T* qf, const FS* feat, const int64_t* fs, int64_t Hf,      \
       int64_t P, int64_t F, const T* bias, int64_t n_buckets, const int64_t* q_rank,          \
       const int64_t* n_real, int64_t page, int64_t sink_pages, int64_t local_pages,           \
       int64_t n_top, int causal, double logit_scale, int n_threads) {                         \
-    const PageScores<S, T> scores{qf,   feat,       fs,          Hf,    P,      F,           \
-                               bias,    n_buckets,  q_rank,      n_real, page,  sink_pages,  \
-                               local_pages, n_top,  causal,      T(logit_scale)};             \
-    page_attention<S, T>(ATTNLAB_PACK(S, T), scores, n_threads);                             \
+    const PageScores<FS, T> scores{qf,   feat,       fs,          Hf,    P,      F,          \
+                                bias,    n_buckets,  q_rank,      n_real, page,  sink_pages, \
+                                local_pages, n_top,  causal,      T(logit_scale)};            \
+    page_attention<S, T, FS>(ATTNLAB_PACK(S, T), scores, n_threads);                         \
   }
 
 ATTNLAB_ENTRY_POINTS(f32, float, float)
 ATTNLAB_ENTRY_POINTS(f64, double, double)
 ATTNLAB_ENTRY_POINTS(bf16, bf16, float)
+ATTNLAB_PAGE_ENTRY_POINT(f32_bf16, float, float, bf16)  // float32 keys, bfloat16 features
 
 }  // extern "C"
