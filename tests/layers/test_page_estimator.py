@@ -164,7 +164,8 @@ def test_a_missing_or_foreign_file_is_named(tmp_path):
                                        "d_head": D, "page": 3, "width": 64, "n_buckets": 12})
 
 
-@pytest.mark.parametrize(("name", "page"), [("smollm2-135m", 16), ("smollm2-135m-p8", 8)])
+@pytest.mark.parametrize(("name", "page"), [("smollm2-135m", 16), ("smollm2-135m-p8", 8),
+                                             ("smollm2-135m-p4", 4)])
 def test_the_shipped_smollm2_sets_fit_smollm2(name, page):
     assert name in shipped()
     meta, tensors = read_estimators(name)

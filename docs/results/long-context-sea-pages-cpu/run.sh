@@ -62,6 +62,23 @@ pages_of_8() {  # sea_pages with estimators distilled at pages of 8, same window
     --json "$OUT/ppl-8192-b256-p8.json"
 }
 
+pages_of_4() {  # sea_pages with estimators distilled at pages of 4 (128 rows per sequence),
+                # the windows of ppl-8192-b256
+  "${A[@]}" --tasks perplexity --lengths 8192 --ppl-tokens "${PPL_TOKENS:-16384}" \
+    --variant original \
+    --variant "{name: sea_pages, budget: 256, page: 4, estimators: smollm2-135m-p4}" \
+    --json "$OUT/ppl-8192-b256-p4.json"
+}
+
+features_bf16() {  # sea_pages (pages of 16) with its page features kept in bfloat16 beside
+                   # the float32 model's keys (feature_dtype), the windows of ppl-8192-b256
+                   # (whose sea_pages row has the float32 features)
+  "${A[@]}" --tasks perplexity --lengths 8192 --ppl-tokens "${PPL_TOKENS:-16384}" \
+    --variant original \
+    --variant "{name: sea_pages, budget: 256, estimators: smollm2-135m, feature_dtype: bfloat16}" \
+    --json "$OUT/ppl-8192-b256-features-bf16.json"
+}
+
 passkey_pages() {  # passkey at 8k, budget 256: the page oracle and both page sizes of sea_pages
   "${A[@]}" --tasks passkey --passkey-protocols dense-prefill --lengths 8192 --depths 0.1,0.5 \
     --prompts "$PROMPTS" --variant original --variant "{name: oracle, k: 256, page: 16}" \
@@ -102,7 +119,8 @@ STEPS=("perplexity 8192 256 16384 all" "passkey 8192" "perplexity 8192 1024 8192
        "perplexity 4096 256 16384 all" "perplexity 4096 1024 16384 pages" "passkey 4096"
        "passkey 2048" "perplexity 8192 512 16384 all" "perplexity 8192 128 16384 pages"
        "passkey_sparse 2048" "perplexity 8192 2048 16384 main" "passkey_sparse 4096"
-       "passkey_sparse_256 8192" page_oracle_4 "passkey_sparse_1024 8192")
+       "passkey_sparse_256 8192" page_oracle_4 "passkey_sparse_1024 8192"
+       pages_of_4 features_bf16)
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step

@@ -61,6 +61,20 @@ int8() {  # llama_cpp with every model's linear layers weight-only int8 (activat
     --plot "$OUT/decode-b1-int8.png"
 }
 
+int8_bf16() {  # int8 with bfloat16 activations beside llama.cpp, after the page cores' step
+               # stopped reading tensors to count its keys (no padding at batch 1)
+  "${A[@]}" --llama-cpp --weights int8 --dtypes bfloat16 --seq-lens 4096,8192 --batches 1 \
+    --prefill-batches '' --steps 8 --reps 5 --json "$OUT/decode-b1-int8-bf16.json"
+}
+
+features_bf16() {  # float32 at 8k, batch 1 and 8: sea_pages with its decoding state's page
+                   # features in bfloat16 (feature_dtype) beside the float32 ones
+  "${A[@]:0:10}" --core "{name: sea_pages, budget: 256, estimators: smollm2-135m}" \
+    --core "{name: sea_pages, budget: 256, estimators: smollm2-135m, feature_dtype: bfloat16}" \
+    --dtypes float32 --seq-lens 8192 --batches 1,8 --prefill-batches '' --steps 4 --reps 3 \
+    --json "$OUT/decode-features-bf16.json"
+}
+
 budgets() {  # batch 1 at 8k, float32, at budgets 128, 256 and 512: the frontier over budgets
   local C=()
   for b in 128 256 512; do
@@ -72,7 +86,7 @@ budgets() {  # batch 1 at 8k, float32, at budgets 128, 256 and 512: the frontier
     --steps 8 --reps 3 --json "$OUT/decode-b1-budgets.json"
 }
 
-STEPS=(decode_b1 decode_b8 prefill busy decode_b8_rerun llama_cpp int8 budgets)
+STEPS=(decode_b1 decode_b8 prefill busy decode_b8_rerun llama_cpp int8 budgets int8_bf16 features_bf16)
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step
