@@ -50,7 +50,7 @@ for name, core in cores.items():
     features = all_page_features(k, ranks, PAGE, scorer,
                                  FEATURE_DTYPES[core.options.feature_dtype])
     with torch.no_grad():
-        logits = scorer_logits(scorer, q, features, q_ranks // PAGE, D ** -0.5)
+        logits = scorer_logits(scorer, q, features.to(q.dtype), q_ranks // PAGE, D ** -0.5)
         readable, forced = page_masks(n_real, q_ranks, features.shape[2], PAGE, SINKS, LOCAL,
                                       True)
         kept = select_pages(logits, HK, readable, forced, BUDGET // PAGE - SINKS - LOCAL)
