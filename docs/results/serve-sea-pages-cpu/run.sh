@@ -62,7 +62,8 @@ int8() {  # llama_cpp with every model's linear layers weight-only int8 (activat
 }
 
 int8_bf16() {  # int8 with bfloat16 activations beside llama.cpp, after the page cores' step
-               # stopped reading tensors to count its keys (no padding at batch 1)
+               # stopped reading tensors to count its keys (no padding at batch 1) and
+               # computed its query features in float32
   "${A[@]}" --llama-cpp --weights int8 --dtypes bfloat16 --seq-lens 4096,8192 --batches 1 \
     --prefill-batches '' --steps 8 --reps 5 --json "$OUT/decode-b1-int8-bf16.json"
 }

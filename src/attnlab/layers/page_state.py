@@ -71,9 +71,10 @@ def step_attention(state: PageState, q: Tensor, k: Tensor, v: Tensor,
 
 
 def _count_all_real(state: PageState, k: Tensor, t_q: int, page: int) -> Tensor:
-    """:func:`step_attention`'s count when every key is real: the state's real keys are its
-    ``n_tokens``, so the pages to refresh are known without reading a tensor (a handful of
-    ops per step instead of a few dozen). Returns the queries' ranks ``[B, Tq]``."""
+    """:func:`step_attention`'s count when every key is real: the state's real keys are the
+    cached ones (``Tk - Tq``, its ``n_tokens``), so the pages to refresh are known without
+    reading a tensor (a handful of ops per step instead of a few dozen). Returns the
+    queries' ranks ``[B, Tq]``."""
     b, _, t_k, _ = k.shape
     before = t_k - t_q
     first, complete = before // page, t_k // page
