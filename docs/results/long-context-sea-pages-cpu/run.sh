@@ -70,6 +70,14 @@ pages_of_4() {  # sea_pages with estimators distilled at pages of 4 (128 rows pe
     --json "$OUT/ppl-8192-b256-p4.json"
 }
 
+passkey_sparse_p4() {  # fully sparse passkey at 8k, budget 256: sea_pages at pages of 4 (the
+                       # prompts of passkey-8192-sparse.json)
+  "${A[@]}" --tasks passkey --passkey-protocols sparse --lengths 8192 --prompts "$PROMPTS" \
+    --variant original \
+    --variant "{name: sea_pages, budget: 256, page: 4, estimators: smollm2-135m-p4}" \
+    --json "$OUT/passkey-8192-sparse-p4.json"
+}
+
 features_bf16() {  # sea_pages (pages of 16) with its page features kept in bfloat16 beside
                    # the float32 model's keys (feature_dtype), the windows of ppl-8192-b256
                    # (whose sea_pages row has the float32 features)
@@ -120,7 +128,7 @@ STEPS=("perplexity 8192 256 16384 all" "passkey 8192" "perplexity 8192 1024 8192
        "passkey 2048" "perplexity 8192 512 16384 all" "perplexity 8192 128 16384 pages"
        "passkey_sparse 2048" "perplexity 8192 2048 16384 main" "passkey_sparse 4096"
        "passkey_sparse_256 8192" page_oracle_4 "passkey_sparse_1024 8192"
-       pages_of_4 features_bf16)
+       pages_of_4 features_bf16 passkey_sparse_p4)
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step

@@ -76,6 +76,15 @@ features_bf16() {  # float32 at 8k, batch 1 and 8: sea_pages with its decoding s
     --json "$OUT/decode-features-bf16.json"
 }
 
+pages_of_4() {  # float32, batch 1 at 8k: sea_pages at pages of 16 and of 4 (smollm2-135m-p4;
+                # its features in float32 and in bfloat16)
+  local P4="name: sea_pages, budget: 256, page: 4, estimators: smollm2-135m-p4"
+  "${A[@]:0:10}" --core "{name: sea_pages, budget: 256, estimators: smollm2-135m}" \
+    --core "{$P4}" --core "{$P4, feature_dtype: bfloat16}" --dtypes float32 \
+    --seq-lens 8192 --batches 1 --prefill-batches '' --steps 8 --reps 3 \
+    --json "$OUT/decode-b1-p4.json"
+}
+
 budgets() {  # batch 1 at 8k, float32, at budgets 128, 256 and 512: the frontier over budgets
   local C=()
   for b in 128 256 512; do
@@ -87,7 +96,7 @@ budgets() {  # batch 1 at 8k, float32, at budgets 128, 256 and 512: the frontier
     --steps 8 --reps 3 --json "$OUT/decode-b1-budgets.json"
 }
 
-STEPS=(decode_b1 decode_b8 prefill busy decode_b8_rerun llama_cpp int8 budgets int8_bf16 features_bf16)
+STEPS=(decode_b1 decode_b8 prefill busy decode_b8_rerun llama_cpp int8 budgets int8_bf16 features_bf16 pages_of_4)
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step
