@@ -62,12 +62,13 @@ pages_of_8() {  # sea_pages with estimators distilled at pages of 8, same window
     --json "$OUT/ppl-8192-b256-p8.json"
 }
 
-pages_of_4() {  # sea_pages with estimators distilled at pages of 4 (128 rows per sequence),
-                # the windows of ppl-8192-b256
-  "${A[@]}" --tasks perplexity --lengths 8192 --ppl-tokens "${PPL_TOKENS:-16384}" \
+pages_of_4() {  # length (default 8192): sea_pages with estimators distilled at pages of 4
+                # (128 rows per sequence), the windows of ppl-$1-b256
+  local t=${1:-8192}
+  "${A[@]}" --tasks perplexity --lengths "$t" --ppl-tokens "${PPL_TOKENS:-16384}" \
     --variant original \
     --variant "{name: sea_pages, budget: 256, page: 4, estimators: smollm2-135m-p4}" \
-    --json "$OUT/ppl-8192-b256-p4.json"
+    --json "$OUT/ppl-$t-b256-p4.json"
 }
 
 passkey_sparse_p4() {  # fully sparse passkey at 8k, budget 256: sea_pages at pages of 4 (the
@@ -128,7 +129,7 @@ STEPS=("perplexity 8192 256 16384 all" "passkey 8192" "perplexity 8192 1024 8192
        "passkey 2048" "perplexity 8192 512 16384 all" "perplexity 8192 128 16384 pages"
        "passkey_sparse 2048" "perplexity 8192 2048 16384 main" "passkey_sparse 4096"
        "passkey_sparse_256 8192" page_oracle_4 "passkey_sparse_1024 8192"
-       pages_of_4 features_bf16 passkey_sparse_p4)
+       pages_of_4 features_bf16 passkey_sparse_p4 "pages_of_4 4096" "pages_of_4 2048")
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step
