@@ -9,7 +9,7 @@
 # python3); attnlab from src/ when it is not installed.
 set -u
 ALL_STEPS="tests bench-attention-fwd bench-pages-fwd bench-expert-matmul profile-sea bench-train \
-smollm2-shape bench-serve bench-attention-fwdbwd bench-layer"
+smollm2-shape bench-serve bench-serve-pages bench-attention-fwdbwd bench-layer"
 for name in ${STEPS:-}; do
     if [[ " $ALL_STEPS " != *" $name "* ]]; then
         echo "error: unknown step '$name' in STEPS; valid: $ALL_STEPS" >&2
@@ -42,7 +42,7 @@ step() {  # step NAME SECONDS CMD...: run CMD under a time limit, log to OUT_DIR
 cat "$out/env.txt"
 
 step tests 200 "$py" -m pytest -q -p no:cacheprovider -rs \
-    tests/test_cuda.py tests/ops/test_expert_matmul.py
+    tests/test_cuda.py tests/ops/test_expert_matmul.py tests/ops/test_triton_pages.py
 
 # SEA, Performer, Reformer against FlashAttention-class sdpa: inference (fwd) and training
 step bench-attention-fwd 90 "${attnlab[@]}" bench attention --device cuda --dtype bfloat16 \
@@ -103,6 +103,13 @@ step bench-serve 150 "${attnlab[@]}" bench serve --device cuda --model "$out/smo
     --dtypes bfloat16 --seq-lens 2048,8192 --batches 1,8 --prefill-batches 1 \
     --json "$out/bench-serve-smollm2-shape-h200.json" \
     --plot "$out/bench-serve-smollm2-shape-h200.png"
+# the page selectors' decoding on the GPU (each step selects in PyTorch ops and attends in the
+# Triton kernel) against the dense model, 256 keys per query token per KV head
+step bench-serve-pages 200 "${attnlab[@]}" bench serve --device cuda --model "$out/smollm2-shape" \
+    --dtypes bfloat16 --seq-lens 8192,32768 --batches 1,8 --prefill-batches '' \
+    --core "{name: quest, budget: 256}" \
+    --core "{name: sea_pages, budget: 256, estimators: smollm2-135m}" \
+    --json "$out/bench-serve-pages-smollm2-shape-h200.json"
 rm -rf "$out/smollm2-shape"
 step bench-attention-fwdbwd 60 "${attnlab[@]}" bench attention --device cuda \
     --dtype bfloat16 --pass fwdbwd --heads 12 --d-head 64 --seq-lens 1024,4096,16384,32768 \

@@ -9,6 +9,11 @@ import json  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tests.helpers import triton_on_this_machine  # noqa: E402
+
+# before any module defines a Triton kernel (the op contracts import every op module)
+triton_on_this_machine()
+
 
 @pytest.fixture(autouse=True)
 def _seed_and_threads():

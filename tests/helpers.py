@@ -2,11 +2,14 @@
 
 import contextlib
 import hashlib
+import importlib.util
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from attnlab.layers import Registry
@@ -53,3 +56,13 @@ def plugin_module(folder: Path, monkeypatch: pytest.MonkeyPatch, name: str, code
         sys.modules.pop(name, None)
         if part in registry.names():
             registry.unregister(part)
+
+
+def triton_on_this_machine() -> bool:
+    """Whether triton is installed. Where it is and no GPU exists, its kernels run in the
+    interpreter on CPU tensors: ``TRITON_INTERPRET=1``, which triton reads when a kernel
+    is defined, so ``conftest.py`` calls this before any test module is imported."""
+    installed = importlib.util.find_spec("triton") is not None
+    if installed and not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return installed

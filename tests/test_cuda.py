@@ -170,3 +170,35 @@ def test_a_sparse_core_prefill_on_cuda_has_no_host_sync(name, options):
         finally:
             torch.cuda.set_sync_debug_mode(0)
     assert torch.isfinite(out.out).all()
+
+
+@pytest.mark.parametrize("name", ["quest", "sea_pages"])
+def test_a_page_core_decoding_step_on_cuda_runs_triton_with_no_host_sync(name):
+    """A step from the decoding state (no padding): the selection in PyTorch ops of fixed
+    shapes, the attention in the Triton kernel; after a first step (which compiles it) a
+    step reads nothing back to the host, and equals the CPU core's step (float32)."""
+    options = {"budget": 128}
+    core = build_core(PartSpec(name, options), heads=6, d_head=64, seq_len=1100, causal=True)
+    core = core.eval()
+    gpu_core = copy.deepcopy(core).to(CUDA)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 6, 1026, 64, generator=gen) for _ in range(3))
+    on_gpu = [x.to(CUDA) for x in (q, k, v)]
+    assert executor_for("auto", on_gpu[0][..., -1:, :], *on_gpu[1:], flex_fits=False,
+                        triton_fits=True) == "triton"
+    outs = []
+    with torch.no_grad():
+        for layer, (q_, k_, v_) in ((core, (q, k, v)), (gpu_core, on_gpu)):
+            state = layer(q_[..., :1024, :], k_[..., :1024, :], v_[..., :1024, :],
+                          scale=0.125).state
+            first = layer(q_[..., 1024:1025, :], k_[..., :1025, :], v_[..., :1025, :],
+                          scale=0.125, state=state)
+            if layer is gpu_core:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                step = layer(q_[..., 1025:, :], k_, v_, scale=0.125, state=first.state)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            outs.append(step.out.cpu())
+    assert_close(f"{name} step on cuda", outs[0].double(), outs[1].double(), 1e-4)

@@ -95,7 +95,7 @@ def test_an_executor_that_cannot_run_is_refused_naming_what_would():
 
 def test_an_unknown_executor_is_refused_at_config_time():
     with pytest.raises(ValueError, match="unknown executor 'cuda'; choose one of auto, "
-                                         "native, flex, torch"):
+                                         "native, flex, triton, torch"):
         _core("quest", "cuda")
 
 
@@ -106,3 +106,10 @@ def test_a_selector_without_a_flex_path_refuses_flex_and_never_gets_it():
     with pytest.raises(ValueError, match="not on meta; use 'torch' or 'auto'"):
         executor_for("native", q, k, v, flex_fits=False)
     assert executor_for("auto", q, k, v, flex_fits=False) == "torch"
+
+
+def test_an_executor_a_selector_lacks_is_refused_at_config_time_naming_its_choices():
+    with pytest.raises(ValueError, match="has no 'triton' executor; choose one of auto, "
+                                         "native, flex, torch"):
+        _core("window", "triton", {"sinks": 4, "window": 24})
+    assert _core("quest", "triton").options.executor == "triton"

@@ -11,14 +11,15 @@ from attnlab.layers import CORES, LayerContext
 from attnlab.layers.page_state import PageState
 from attnlab.ops.sparse_attention import native
 from attnlab.utils.testing import assert_close
+from tests.helpers import triton_on_this_machine
 
 F64 = torch.float64
 B, H, HK, T, D, PAD = 2, 4, 2, 29, 8, 5
 OPTIONS = {"budget": 9, "page": 3}
 
 
-def core(name: str):
-    built = CORES.build(PartSpec(name, OPTIONS),
+def core(name: str, executor: str = "auto"):
+    built = CORES.build(PartSpec(name, {**OPTIONS, "executor": executor}),
                         ctx=LayerContext(d_model=H * D, n_heads=H, d_head=D), dropout=0.0)
     torch.manual_seed(0)
     with torch.no_grad():
@@ -108,6 +109,32 @@ def test_a_bfloat16_state_keeps_16_bit_features_and_equals_the_full_pass():
     assert used == T - 7 and state.pages.features.dtype == torch.bfloat16
     assert_close("decoded in bfloat16", full[..., PAD:, :].double(),
                  out[..., PAD:, :].double(), 2 * torch.finfo(torch.bfloat16).eps)
+
+
+@pytest.mark.skipif(not triton_on_this_machine(), reason="triton is not installed")
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+def test_decoding_through_the_triton_kernel_equals_the_full_pass(monkeypatch, padded):
+    """``executor: triton`` (the GPU's decoding path; here in Triton's interpreter on CPU
+    where there is no GPU): the prefill and every step attend through the kernel, and equal
+    the PyTorch executor's full pass."""
+    from attnlab.ops.sparse_attention import triton_pages
+
+    calls = []
+    real = triton_pages.attend_pages_kernel
+    monkeypatch.setattr(triton_pages, "attend_pages_kernel",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v, mask = (x.to(device) for x in inputs(5))
+    mask = mask if padded else None
+    with torch.no_grad():
+        full = core("sea_pages", "torch").to(device)(q, k, v, scale=0.4,
+                                                      key_padding_mask=mask).out
+        out, used = decode(core("sea_pages", "triton").to(device), q, k, v, mask, first=7,
+                           step=1)
+    assert used == T - 7 and len(calls) == 1 + T - 7
+    rows = slice(PAD if padded else 0, None)
+    assert_close("decoded through triton", full[..., rows, :].cpu(), out[..., rows, :].cpu(),
+                 1e-12)
 
 
 def test_a_state_of_other_keys_is_not_used_and_a_new_one_starts():

@@ -7,7 +7,6 @@ pseudo-backends "grouped-padded" and "grouped-ragged" force one of them, "groupe
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -27,14 +26,12 @@ from attnlab.ops.expert_matmul import (
 from attnlab.ops.expert_matmul.layout import check_inputs
 from attnlab.ops.expert_matmul.segments import plan_segments
 from attnlab.utils.testing import assert_close, rel_rms_error
+from tests.helpers import triton_on_this_machine
 
 F64 = torch.float64
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_TRITON = triton_on_this_machine()  # before attnlab.ops.expert_matmul.triton is imported
 # every backend runs on the GPU where there is one (Triton compiled for it), else on the CPU
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-if HAS_TRITON and DEVICE.type == "cpu":
-    # must be set before attnlab.ops.expert_matmul.triton is imported (at its first use)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 TRITON = pytest.param(
     "triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 )

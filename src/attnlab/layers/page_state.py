@@ -52,11 +52,13 @@ def start_state(k: Tensor, key_padding_mask: Tensor | None, page: int, scorer: P
 
 def step_attention(state: PageState, q: Tensor, k: Tensor, v: Tensor,
                    key_padding_mask: Tensor | None, *, scale: float, budget: int, page: int,
-                   sink_pages: int, local_pages: int, scorer: PageScorer) -> Tensor:
+                   sink_pages: int, local_pages: int, scorer: PageScorer,
+                   executor: str = "auto") -> Tensor:
     """Count the new keys (the last ``Tq`` of k ``[B, Hk, Tk, D]``, ``Tk - Tq`` being the
     state's) into ``state``, refreshing the features of the pages they complete; the new
     causal queries q ``[B, H, Tq, D]`` then attend to the pages they select
-    (:func:`~attnlab.ops.attention.page_step.attend_best_pages`) -> ``[B, H, Tq, Dv]``."""
+    (:func:`~attnlab.ops.attention.page_step.attend_best_pages`, through ``executor``) ->
+    ``[B, H, Tq, Dv]``."""
     t_k, t_q = k.shape[2], q.shape[-2]
     with torch.no_grad():
         if key_padding_mask is None:
@@ -67,7 +69,7 @@ def step_attention(state: PageState, q: Tensor, k: Tensor, v: Tensor,
     return attend_best_pages(q, k, v, scorer=scorer, features=state.pages.features,
                              q_ranks=q_ranks, n_real=state.n_real, budget=budget, page=page,
                              sink_pages=sink_pages, local_pages=local_pages, causal=True,
-                             scale=scale, rank_to_pos=rank_to_pos)
+                             scale=scale, rank_to_pos=rank_to_pos, executor=executor)
 
 
 def _count_all_real(state: PageState, k: Tensor, t_q: int, page: int) -> Tensor:

@@ -12,7 +12,9 @@ best other pages, then exact softmax over them
 to every key (Quest keeps its first two layers dense).
 
 The selection scores every page (O(T / page) per query); at inference one native CPU call
-per layer scores, selects and attends (:mod:`attnlab.ops.attention.page_step`). Causal
+per layer scores, selects and attends (:mod:`attnlab.ops.attention.page_step`; on a GPU a
+step selects in PyTorch ops and attends in one Triton kernel, a prefill runs FlexAttention).
+Causal
 decoding in eval mode carries a :class:`~attnlab.layers.page_state.PageState` (the scorer's
 features of every page, a page's computed once it is complete), so a step costs its page
 scores and the keys it keeps. Pages are counted over the real keys, so padding does not move
@@ -60,8 +62,9 @@ class PageOptions:
     ``page``: keys per page; ``sink_pages`` / ``local_pages``: pages always kept at the start
     and up to the query; ``dense_layers``: this many first layers attend to every key;
     ``executor``: what computes the attention over the selection (``auto``, ``native``,
-    ``flex``, ``torch``: :mod:`attnlab.ops.sparse_attention.executors`; a decoding step with
-    a state runs ``native`` on CPU and ``torch`` elsewhere); ``feature_dtype``: what a
+    ``flex``, ``triton``, ``torch``: :mod:`attnlab.ops.sparse_attention.executors`; a
+    decoding step with a state runs ``auto``'s choice for ``flex``, which has no step:
+    ``native`` on CPU, ``triton`` on a GPU); ``feature_dtype``: what a
     causal decoding state keeps the page features in (:data:`FEATURE_DTYPES`): ``keys``
     (their dtype) or ``bfloat16`` (beside float32 keys half the state's memory and half the
     bytes a step scores; the full pass that starts the state reads the same rounded
@@ -158,7 +161,7 @@ class PageCore(AttentionCore):
                 out = step_attention(
                     state, q, k, v, key_padding_mask, scale=scale, budget=o.budget,
                     page=o.page, sink_pages=o.sink_pages, local_pages=o.local_pages,
-                    scorer=scorer)
+                    scorer=scorer, executor=o.executor)
             return CoreOutput(out, state=state)
         state = (start_state(k, key_padding_mask, o.page, scorer,
                              FEATURE_DTYPES[o.feature_dtype]) if stateful else None)

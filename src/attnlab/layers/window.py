@@ -24,7 +24,12 @@ from attnlab.config import ConfigError
 from attnlab.layers.base import AttentionCore, CoreOutput, LayerContext
 from attnlab.layers.bias import ScoreBias
 from attnlab.layers.registry import CORES
-from attnlab.ops.attention.window import check_window, window_attention, window_cache_columns
+from attnlab.ops.attention.window import (
+    WINDOW_EXECUTORS,
+    check_window,
+    window_attention,
+    window_cache_columns,
+)
 from attnlab.ops.sparse_attention.executors import check_executor
 
 
@@ -32,7 +37,8 @@ from attnlab.ops.sparse_attention.executors import check_executor
 class WindowOptions:
     """``sinks``: first real keys every query attends to (StreamingLLM's 4); ``window``: the
     latest real keys (the query's own included); ``executor``: what computes it (``auto``,
-    ``native``, ``flex``, ``torch``: :mod:`attnlab.ops.sparse_attention.executors`)."""
+    ``native``, ``flex``, ``torch``: :mod:`attnlab.ops.sparse_attention.executors`; the
+    window has no ``triton`` path)."""
 
     sinks: int = 4
     window: int = 1024
@@ -40,7 +46,7 @@ class WindowOptions:
 
     def validate(self) -> None:
         check_window(self.sinks, self.window)
-        check_executor(self.executor)
+        check_executor(self.executor, WINDOW_EXECUTORS)
 
 
 class WindowCore(AttentionCore):

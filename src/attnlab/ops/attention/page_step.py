@@ -5,8 +5,9 @@ a step needs only the new queries' logits over them, the group's selection
 (:func:`~attnlab.ops.attention.page_rules.select_pages`) and the attention over the kept pages.
 :func:`attend_best_pages` does all three in one native CPU kernel call where it serves (no
 autograd; float32, float64, bfloat16), which removes the hundred-odd small PyTorch ops a
-step would otherwise dispatch per layer; otherwise, and as its reference, the same steps in
-PyTorch (:func:`attend_best_pages_reference`).
+step would otherwise dispatch per layer; elsewhere it selects in PyTorch ops of fixed shapes
+(:func:`best_page_selection`) and attends through the Triton kernel (a GPU's decoding step:
+no host sync) or PyTorch ops, the latter its reference (:func:`attend_best_pages_reference`).
 """
 
 from __future__ import annotations
@@ -20,20 +21,24 @@ from attnlab.ops.attention.page_rules import page_masks, select_pages
 from attnlab.ops.attention.page_scorers import SCORERS, PageScorer, scorer_logits
 from attnlab.ops.attention.page_summary import summarize
 from attnlab.ops.sparse_attention import native
+from attnlab.ops.sparse_attention.executors import executor_for
 from attnlab.ops.sparse_attention.pages import (
     PageSelection,
     attend_pages,
+    attend_pages_triton,
     pages_from_kept,
     row_limits,
 )
 
 
-def attend_best_pages_reference(
-    q: Tensor, k: Tensor, v: Tensor, *, scorer: PageScorer, features: Tensor, q_ranks: Tensor,
+def best_page_selection(
+    q: Tensor, k: Tensor, *, scorer: PageScorer, features: Tensor, q_ranks: Tensor,
     n_real: Tensor, budget: int, page: int, sink_pages: int, local_pages: int, causal: bool,
     scale: float, rank_to_pos: Tensor | None,
-) -> Tensor:
-    """:func:`attend_best_pages` in PyTorch ops (differentiable in q, k and v)."""
+) -> PageSelection:
+    """The pages each row of q ``[B, H, Tq, D]`` reads per KV head of k ``[B, Hk, Tk, D]``
+    (arguments as :func:`attend_best_pages`), in PyTorch ops of fixed shapes (nothing read
+    back to the host)."""
     n_pages = features.shape[2]
     compute = torch.promote_types(features.dtype, torch.float32)  # 16-bit features widened
     logits = scorer_logits(scorer, q.detach().to(compute), features.to(compute),
@@ -42,15 +47,27 @@ def attend_best_pages_reference(
                                   causal)
     kept = select_pages(logits, k.shape[1], readable, forced,
                         budget // page - sink_pages - local_pages)
-    selection = PageSelection(pages_from_kept(kept, budget // page), page,
-                              row_limits(q_ranks, n_real, causal), rank_to_pos)
+    return PageSelection(pages_from_kept(kept, budget // page), page,
+                         row_limits(q_ranks, n_real, causal), rank_to_pos)
+
+
+def attend_best_pages_reference(
+    q: Tensor, k: Tensor, v: Tensor, *, scorer: PageScorer, features: Tensor, q_ranks: Tensor,
+    n_real: Tensor, budget: int, page: int, sink_pages: int, local_pages: int, causal: bool,
+    scale: float, rank_to_pos: Tensor | None,
+) -> Tensor:
+    """:func:`attend_best_pages` in PyTorch ops (differentiable in q, k and v)."""
+    selection = best_page_selection(
+        q, k, scorer=scorer, features=features, q_ranks=q_ranks, n_real=n_real, budget=budget,
+        page=page, sink_pages=sink_pages, local_pages=local_pages, causal=causal, scale=scale,
+        rank_to_pos=rank_to_pos)
     return attend_pages(q, k, v, selection, scale=scale)
 
 
 def attend_best_pages(
     q: Tensor, k: Tensor, v: Tensor, *, scorer: PageScorer, features: Tensor, q_ranks: Tensor,
     n_real: Tensor, budget: int, page: int, sink_pages: int, local_pages: int, causal: bool,
-    scale: float, rank_to_pos: Tensor | None,
+    scale: float, rank_to_pos: Tensor | None, executor: str = "auto",
 ) -> Tensor:
     """Exact attention of q ``[B, H, Tq, D]`` over the pages its KV group selects among the
     pages of k, v ``[B, Hk, Tk, D]`` (``budget`` keys per query token per KV head: sinks,
@@ -58,10 +75,15 @@ def attend_best_pages(
 
     features ``[B, Hk or H, P, F]``: the pages' features (``scorer.features``); q_ranks
     ``[B, Tq]``: each query's rank among the real keys (-1: a padded query, output 0);
-    n_real ``[B]``: real keys; rank_to_pos ``[B, Tk]`` or None (rank = position).
-    Returns ``[B, H, Tq, Dv]``.
+    n_real ``[B]``: real keys; rank_to_pos ``[B, Tk]`` or None (rank = position);
+    ``executor``: ``native`` (CPU: scores, selects and attends in one call), ``triton`` (the
+    selection in PyTorch ops, the attention in one kernel: the GPU's), ``torch``, or
+    ``auto`` (:func:`~attnlab.ops.sparse_attention.executors.executor_for` decides; ``flex``
+    has no path for a step and means ``auto`` here). Returns ``[B, H, Tq, Dv]``.
     """
-    if native.supports(q, k, v):
+    chosen = executor_for("auto" if executor == "flex" else executor, q, k, v,
+                          flex_fits=False, triton_fits=True)
+    if chosen == "native":
         # the query features in the kernel's compute dtype, as the reference's (a 16-bit
         # model's widened first: its projection is then also 3x faster than in bfloat16)
         query = scorer.query_features(q.to(native.COMPUTE[q.dtype]))
@@ -70,10 +92,12 @@ def attend_best_pages(
             n_real, page=page, sink_pages=sink_pages, local_pages=local_pages,
             n_top=budget // page - sink_pages - local_pages, causal=causal, scale=scale,
             rank_to_pos=rank_to_pos)
-    return attend_best_pages_reference(
-        q, k, v, scorer=scorer, features=features, q_ranks=q_ranks, n_real=n_real,
-        budget=budget, page=page, sink_pages=sink_pages, local_pages=local_pages,
-        causal=causal, scale=scale, rank_to_pos=rank_to_pos)
+    selection = best_page_selection(
+        q, k, scorer=scorer, features=features, q_ranks=q_ranks, n_real=n_real, budget=budget,
+        page=page, sink_pages=sink_pages, local_pages=local_pages, causal=causal, scale=scale,
+        rank_to_pos=rank_to_pos)
+    attend = attend_pages_triton if chosen == "triton" else attend_pages
+    return attend(q, k, v, selection, scale=scale)
 
 
 def _example(gen: torch.Generator, *, scorer: str = "quest", causal: bool = True,

@@ -23,11 +23,12 @@ and does not take part in the selection.
 scores, selects and attends for every row from the pages' features
 (:func:`~attnlab.ops.attention.page_step.attend_best_pages`: memory O(T / page), keys read in
 place). ``flex``: the rows' selection (:func:`select_page_rows`) through FlexAttention's
-block-sparse kernel. ``torch``: blocks of queries (memory O(block * Tk)); without padding or
-a score bias and with at least :data:`GATHER_RATIO` times the budget in keys, it gathers the
-kept pages' keys and values (:func:`gathered_page_attention`), and else it masks a dense
-score block;
-:func:`paged_attention_naive` selects by loops over rows and heads, its reference.
+block-sparse kernel; ``triton``: the same selection through one Triton kernel (no
+gradients; a GPU's decoding rows). ``torch``: blocks of queries (memory O(block * Tk));
+without padding or a score bias and with at least :data:`GATHER_RATIO` times the budget in
+keys, it gathers the kept pages' keys and values (:func:`gathered_page_attention`), and
+else it masks a dense score block; :func:`paged_attention_naive` selects by loops over rows
+and heads, its reference.
 """
 
 from __future__ import annotations
@@ -50,7 +51,12 @@ from attnlab.ops.attention.page_step import attend_best_pages
 from attnlab.ops.attention.page_summary import summarize
 from attnlab.ops.sparse_attention.executors import executor_for
 from attnlab.ops.sparse_attention.flex import attend_pages_flex
-from attnlab.ops.sparse_attention.pages import PageSelection, pages_from_kept, row_limits
+from attnlab.ops.sparse_attention.pages import (
+    PageSelection,
+    attend_pages_triton,
+    pages_from_kept,
+    row_limits,
+)
 
 QUERY_BLOCK = 256
 GATHER_RATIO = 16
@@ -206,13 +212,14 @@ def paged_attention(
     check_pages(budget, page, sink_pages, local_pages)
     scorer = scorer_of(scorer)
     t_q, t_k = q.shape[-2], k.shape[-2]
-    chosen = executor_for(executor, q, k, v, biased=score_bias is not None)
-    if chosen == "flex":
+    chosen = executor_for(executor, q, k, v, biased=score_bias is not None, triton_fits=True)
+    if chosen in ("flex", "triton"):
         selection = select_page_rows(q, k, scale=scale, budget=budget, page=page,
                                      scorer=scorer, sink_pages=sink_pages,
                                      local_pages=local_pages, causal=causal,
                                      key_padding_mask=key_padding_mask)
-        return attend_pages_flex(q, k, v, selection, scale=scale)
+        attend = attend_pages_flex if chosen == "flex" else attend_pages_triton
+        return attend(q, k, v, selection, scale=scale)
     if chosen == "native":  # one native call for every row
         ranks = key_ranks(key_padding_mask, q.shape[0], t_k, k.device)
         if features is None:

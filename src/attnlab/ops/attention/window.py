@@ -21,7 +21,7 @@ from torch import Tensor
 
 from attnlab.ops import contract
 from attnlab.ops.attention.masks import key_ranks, masked_attention, rank_positions
-from attnlab.ops.sparse_attention.executors import executor_for
+from attnlab.ops.sparse_attention.executors import EXECUTORS, executor_for
 from attnlab.ops.sparse_attention.flex import (
     block_mask_of_tiles,
     blocks_of_spans,
@@ -36,6 +36,9 @@ RUN_ROWS = 16
 """Up to this many query rows (decoding), without autograd or score bias, each row reads its
 own sinks and window as two runs through the native kernel: the blocks' shared key columns
 would be the union of the batch's windows under padding, at batch 8 about nine windows."""
+
+WINDOW_EXECUTORS = tuple(name for name in EXECUTORS if name != "triton")
+"""The executors that run the window (the Triton kernel reads page selections only)."""
 
 
 def _allowed(ranks: Tensor, counts: Tensor, q_pos: Tensor, k_pos: Tensor, sinks: int,

@@ -8,7 +8,10 @@ keys each row may read (causality). Pages are counted over key *ranks* (real key
 Executors: :func:`attend_pages` runs the exact softmax over the selected keys through
 :func:`~attnlab.ops.sparse_attention.run_attention` (each page a run of keys: the native CPU
 kernel where the inputs allow, the PyTorch gather otherwise; that choice is made there, in
-one place). :func:`attend_pages_naive` is the reference: a dense mask of the same keys.
+one place); :func:`attend_pages_triton` reads the selection as a block table in one Triton
+kernel (GPU decoding; no host sync); FlexAttention's is in
+:mod:`~attnlab.ops.sparse_attention.flex`. :func:`attend_pages_naive` is the reference: a
+dense mask of the same keys.
 """
 
 from __future__ import annotations
@@ -84,6 +87,16 @@ def attend_pages(q: Tensor, k: Tensor, v: Tensor, selection: PageSelection, *, s
     head, lo, count = page_runs(selection, q.shape[1])
     return run_attention(q, k, v, head, lo, count, count, scale=scale,
                          rank_to_pos=selection.rank_to_pos, validate=False)
+
+
+def attend_pages_triton(q: Tensor, k: Tensor, v: Tensor, selection: PageSelection, *,
+                        scale: float) -> Tensor:
+    """:func:`attend_pages` by the Triton kernel
+    (:mod:`~attnlab.ops.sparse_attention.triton_pages`, imported here at first use: CUDA, or
+    CPU under ``TRITON_INTERPRET=1``; no gradients)."""
+    from attnlab.ops.sparse_attention.triton_pages import attend_pages_kernel
+
+    return attend_pages_kernel(q, k, v, selection, scale=scale)
 
 
 def selection_keep(selection: PageSelection, t_k: int) -> Tensor:

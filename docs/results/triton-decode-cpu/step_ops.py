@@ -1,0 +1,106 @@
+"""What a page core's decoding step asks of a device, counted on CPU: the PyTorch ops it
+dispatches (each is at least one kernel launch on a GPU) and the values it reads back to
+the host (``aten::_local_scalar_dense``: a ``.item()``, ``int()`` or ``bool()`` of a tensor,
+which on a GPU waits for the device), per executor.
+
+One layer in SmolLM2-135M's shape (9 query heads, 3 KV heads of 64), 256 keys per query
+token per KV head in pages of 16, random inputs, float32; the decoding state is started by
+a prefill of T keys, then one step of batch B (no padding) is profiled:
+
+- ``torch``: the selection and the attention in PyTorch ops (what ran on a GPU before the
+  Triton executor);
+- ``triton``: the same selection, the attention in one Triton kernel (run here in Triton's
+  interpreter, so its time means nothing; its launch, one kernel, is left out of the count,
+  as is the interpreter's own tensor work).
+
+``top_level_ops`` counts the ATen calls the step makes from Python, ``kernel_ops`` those of
+them that are not views (each launches at least one kernel on a GPU); ``host_reads`` counts
+every ``aten::_local_scalar_dense``; ``max_abs_diff_vs_torch``: the step's output against the
+``torch`` executor's.
+
+Writes step_ops.json beside this file. Run from the repository root:
+.venv/bin/python docs/results/triton-decode-cpu/step_ops.py
+"""
+
+import copy
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is defined
+
+import torch  # noqa: E402
+
+from attnlab.config import PartSpec  # noqa: E402
+from attnlab.layers import CORES, LayerContext  # noqa: E402
+from attnlab.ops.sparse_attention import triton_pages  # noqa: E402
+from attnlab.results import machine_info  # noqa: E402
+
+H, HK, D, T, BUDGET = 9, 3, 64, 4096, 256
+SYNC = "aten::_local_scalar_dense"
+
+
+def core(name: str, executor: str):
+    """The core with random (trained-looking) parameters, seeded: the same for each
+    executor."""
+    built = CORES.build(PartSpec(name, {"budget": BUDGET, "executor": executor}),
+                        ctx=LayerContext(d_model=H * D, n_heads=H, d_head=D), dropout=0.0)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for param in built.parameters():
+            param.normal_(0.0, 0.3)
+    return built.eval()
+
+
+VIEWS = {"aten::unsqueeze", "aten::slice", "aten::view", "aten::expand", "aten::expand_as",
+         "aten::reshape", "aten::transpose", "aten::detach", "aten::promote_types",
+         "aten::select", "aten::permute", "aten::alias", "aten::as_strided"}
+"""Ops that make a view or answer a question about dtypes: no kernel on a GPU."""
+
+
+def profile_step(name: str, executor: str, batch: int) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(batch, H, T + 1, D, generator=gen)
+    k, v = (torch.randn(batch, HK, T + 1, D, generator=gen) for _ in range(2))
+    step = q[..., T:, :]
+    layer = core(name, executor)
+    with torch.no_grad():
+        state = core(name, "torch")(q[..., :T, :], k[..., :T, :], v[..., :T, :],
+                                    scale=D ** -0.5).state
+        out = layer(step, k, v, scale=D ** -0.5, state=copy.deepcopy(state)).out
+        ref = core(name, "torch")(step, k, v, scale=D ** -0.5, state=copy.deepcopy(state)).out
+        kernel = triton_pages.attend_pages_kernel
+        # the interpreter's own tensor work is not the device's: the kernel, one launch on
+        # a GPU, is left out of the count (its output allocated, as the kernel does)
+        triton_pages.attend_pages_kernel = lambda q, k, v, selection, scale: q.new_empty(
+            q.shape)
+        try:
+            with torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                layer(step, k, v, scale=D ** -0.5, state=copy.deepcopy(state))
+        finally:
+            triton_pages.attend_pages_kernel = kernel
+    events = [e for e in prof.events() if e.name.startswith("aten::")]
+    top = [e for e in events if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten")]
+    return {"core": name, "executor": executor, "batch": batch, "keys": T + 1,
+            "budget": BUDGET, "top_level_ops": len(top),
+            "kernel_ops": sum(e.name not in VIEWS for e in top),
+            "host_reads": sum(e.name == SYNC for e in events),
+            "max_abs_diff_vs_torch": float((out - ref).abs().max())}
+
+
+def main() -> None:
+    records = [profile_step(name, executor, batch)
+               for name in ("quest", "sea_pages") for batch in (1, 8)
+               for executor in ("torch", "triton")]
+    for r in records:
+        print(f"{r['core']:>9} batch {r['batch']} {r['executor']:>6}: "
+              f"{r['top_level_ops']:3d} PyTorch ops ({r['kernel_ops']} not views), "
+              f"{r['host_reads']} host reads, "
+              f"max |diff| {r['max_abs_diff_vs_torch']:.1e}")
+    out = {"bench": "decode-step-ops", "machine": machine_info(), "records": records}
+    Path(__file__).with_name("step_ops.json").write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
