@@ -112,26 +112,31 @@ def test_a_bfloat16_state_keeps_16_bit_features_and_equals_the_full_pass():
 
 
 @pytest.mark.skipif(not triton_on_this_machine(), reason="triton is not installed")
-@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
-def test_decoding_through_the_triton_kernel_equals_the_full_pass(monkeypatch, padded):
+@pytest.mark.parametrize(("padded", "prior"), [(True, 1.0), (False, 1.0), (False, 30.0)],
+                         ids=["padded", "unpadded", "strong-recency-prior"])
+def test_decoding_through_the_triton_kernel_equals_the_full_pass(monkeypatch, padded, prior):
     """``executor: triton`` (the GPU's decoding path; here in Triton's interpreter on CPU
-    where there is no GPU): the prefill and every step attend through the kernel, and equal
-    the PyTorch executor's full pass."""
+    where there is no GPU): the prefill attends to its selection through one kernel, every
+    step selects and attends in the other, and both equal the PyTorch executor's full pass.
+    ``prior`` scales the estimator's bias by page distance (with 30 it decides the pages)."""
     from attnlab.ops.sparse_attention import triton_pages
 
     calls = []
-    real = triton_pages.attend_pages_kernel
-    monkeypatch.setattr(triton_pages, "attend_pages_kernel",
-                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for name in ("attend_pages_kernel", "best_pages_kernel"):
+        real = getattr(triton_pages, name)
+        monkeypatch.setattr(triton_pages, name, lambda *a, _real=real, _name=name, **kw:
+                            calls.append(_name) or _real(*a, **kw))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     q, k, v, mask = (x.to(device) for x in inputs(5))
     mask = mask if padded else None
+    layers = [core("sea_pages", executor).to(device) for executor in ("torch", "triton")]
     with torch.no_grad():
-        full = core("sea_pages", "torch").to(device)(q, k, v, scale=0.4,
-                                                      key_padding_mask=mask).out
-        out, used = decode(core("sea_pages", "triton").to(device), q, k, v, mask, first=7,
-                           step=1)
-    assert used == T - 7 and len(calls) == 1 + T - 7
+        for layer in layers:
+            layer.scorer.distance.mul_(prior)
+        full = layers[0](q, k, v, scale=0.4, key_padding_mask=mask).out
+        out, used = decode(layers[1], q, k, v, mask, first=7, step=1)
+    assert used == T - 7
+    assert calls == ["attend_pages_kernel"] + ["best_pages_kernel"] * (T - 7)
     rows = slice(PAD if padded else 0, None)
     assert_close("decoded through triton", full[..., rows, :].cpu(), out[..., rows, :].cpu(),
                  1e-12)

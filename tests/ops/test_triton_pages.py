@@ -10,6 +10,11 @@ import dataclasses
 import pytest
 import torch
 
+from attnlab.ops.attention.page_step import (
+    attend_best_pages,
+    attend_best_pages_reference,
+    step_example,
+)
 from attnlab.ops.attention.pages import paged_attention, paged_attention_naive
 from attnlab.ops.sparse_attention import executors
 from attnlab.ops.sparse_attention.executors import executor_for
@@ -101,3 +106,25 @@ def test_triton_is_refused_where_it_cannot_run_and_auto_never_picks_it_on_cpu(mo
     monkeypatch.setattr(executors, "_triton_installed", lambda: False)
     with pytest.raises(ValueError, match=r"needs triton \(pip install 'attnlab\[triton\]'\)"):
         executor_for("triton", q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), triton_fits=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize(("scorer", "causal", "padded", "t_q"), [
+    ("quest", True, True, 4), ("mean", False, True, 4), ("quest", True, False, 1),
+    ("mean", True, False, 21)])
+def test_the_step_kernel_selects_and_attends_as_the_reference(dtype, scorer, causal, padded,
+                                                              t_q):
+    """One kernel scores the pages from their features, keeps the group's best beside the
+    sinks and local pages, and attends (``attend_best_pages`` through ``triton``), against
+    the same steps in PyTorch ops; bfloat16 against the float64 reference of the same
+    rounded inputs."""
+    example = step_example(torch.Generator().manual_seed(2), scorer=scorer, causal=causal,
+                           padded=padded, t_q=t_q)
+    inputs = {name: x.to(DEVICE) if isinstance(x, torch.Tensor) else x
+              for name, x in example.inputs.items()}
+    low = {**inputs, **{name: inputs[name].to(dtype) for name in ("q", "k", "v")}}
+    out = attend_best_pages(**low, executor="triton")
+    wide = {**low, **{name: low[name].double() for name in ("q", "k", "v")}}
+    ref = attend_best_pages_reference(**wide)
+    assert out.dtype == dtype
+    assert_close(f"triton step {dtype}", ref.cpu(), out.double().cpu(), TOLERANCE[dtype])

@@ -9,9 +9,9 @@ a prefill of T keys, then one step of batch B (no padding) is profiled:
 
 - ``torch``: the selection and the attention in PyTorch ops (what ran on a GPU before the
   Triton executor);
-- ``triton``: the same selection, the attention in one Triton kernel (run here in Triton's
-  interpreter, so its time means nothing; its launch, one kernel, is left out of the count,
-  as is the interpreter's own tensor work).
+- ``triton``: the page scores, the selection and the attention in one Triton kernel (run
+  here in Triton's interpreter, so its time means nothing; its launch, one kernel, is left
+  out of the count, as is the interpreter's own tensor work).
 
 ``top_level_ops`` counts the ATen calls the step makes from Python, ``kernel_ops`` those of
 them that are not views (each launches at least one kernel on a GPU); ``host_reads`` counts
@@ -69,17 +69,17 @@ def profile_step(name: str, executor: str, batch: int) -> dict:
                                     scale=D ** -0.5).state
         out = layer(step, k, v, scale=D ** -0.5, state=copy.deepcopy(state)).out
         ref = core(name, "torch")(step, k, v, scale=D ** -0.5, state=copy.deepcopy(state)).out
-        kernel = triton_pages.attend_pages_kernel
+        kernel = triton_pages.best_pages_kernel
         # the interpreter's own tensor work is not the device's: the kernel, one launch on
         # a GPU, is left out of the count (its output allocated, as the kernel does)
-        triton_pages.attend_pages_kernel = lambda q, k, v, selection, scale: q.new_empty(
-            q.shape)
+        triton_pages.best_pages_kernel = lambda q, *args, **kw: q.new_empty(q.shape)
+        fresh = copy.deepcopy(state)
         try:
             with torch.profiler.profile(
                     activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                layer(step, k, v, scale=D ** -0.5, state=copy.deepcopy(state))
+                layer(step, k, v, scale=D ** -0.5, state=fresh)
         finally:
-            triton_pages.attend_pages_kernel = kernel
+            triton_pages.best_pages_kernel = kernel
     events = [e for e in prof.events() if e.name.startswith("aten::")]
     top = [e for e in events if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten")]
     return {"core": name, "executor": executor, "batch": batch, "keys": T + 1,

@@ -4,10 +4,10 @@ A decoding state keeps each page's features (:mod:`attnlab.ops.attention.page_sc
 a step needs only the new queries' logits over them, the group's selection
 (:func:`~attnlab.ops.attention.page_rules.select_pages`) and the attention over the kept pages.
 :func:`attend_best_pages` does all three in one native CPU kernel call where it serves (no
-autograd; float32, float64, bfloat16), which removes the hundred-odd small PyTorch ops a
-step would otherwise dispatch per layer; elsewhere it selects in PyTorch ops of fixed shapes
-(:func:`best_page_selection`) and attends through the Triton kernel (a GPU's decoding step:
-no host sync) or PyTorch ops, the latter its reference (:func:`attend_best_pages_reference`).
+autograd; float32, float64, bfloat16), or in one Triton kernel on a GPU (no host sync), which
+removes the hundred-odd small PyTorch ops a step would otherwise dispatch per layer;
+otherwise, and as its reference, the same steps in PyTorch (:func:`best_page_selection`
+then the attention: :func:`attend_best_pages_reference`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from attnlab.ops.sparse_attention.executors import executor_for
 from attnlab.ops.sparse_attention.pages import (
     PageSelection,
     attend_pages,
-    attend_pages_triton,
     pages_from_kept,
     row_limits,
 )
@@ -76,8 +75,8 @@ def attend_best_pages(
     features ``[B, Hk or H, P, F]``: the pages' features (``scorer.features``); q_ranks
     ``[B, Tq]``: each query's rank among the real keys (-1: a padded query, output 0);
     n_real ``[B]``: real keys; rank_to_pos ``[B, Tk]`` or None (rank = position);
-    ``executor``: ``native`` (CPU: scores, selects and attends in one call), ``triton`` (the
-    selection in PyTorch ops, the attention in one kernel: the GPU's), ``torch``, or
+    ``executor``: ``native`` (CPU) or ``triton`` (the GPU's; no gradients): scores,
+    selects and attends in one kernel call; ``torch``: PyTorch ops; or
     ``auto`` (:func:`~attnlab.ops.sparse_attention.executors.executor_for` decides; ``flex``
     has no path for a step and means ``auto`` here). Returns ``[B, H, Tq, Dv]``.
     """
@@ -92,16 +91,23 @@ def attend_best_pages(
             n_real, page=page, sink_pages=sink_pages, local_pages=local_pages,
             n_top=budget // page - sink_pages - local_pages, causal=causal, scale=scale,
             rank_to_pos=rank_to_pos)
-    selection = best_page_selection(
-        q, k, scorer=scorer, features=features, q_ranks=q_ranks, n_real=n_real, budget=budget,
-        page=page, sink_pages=sink_pages, local_pages=local_pages, causal=causal, scale=scale,
-        rank_to_pos=rank_to_pos)
-    attend = attend_pages_triton if chosen == "triton" else attend_pages
-    return attend(q, k, v, selection, scale=scale)
+    if chosen == "triton":
+        from attnlab.ops.sparse_attention.triton_pages import best_pages_kernel
+
+        compute = torch.promote_types(features.dtype, torch.float32)  # as the reference's
+        return best_pages_kernel(
+            q, k, v, scorer.query_features(q.to(compute)), features, scorer.distance_bias(),
+            q_ranks, n_real, page=page, sink_pages=sink_pages, local_pages=local_pages,
+            n_top=budget // page - sink_pages - local_pages, causal=causal, scale=scale,
+            rank_to_pos=rank_to_pos)
+    return attend_best_pages_reference(
+        q, k, v, scorer=scorer, features=features, q_ranks=q_ranks, n_real=n_real,
+        budget=budget, page=page, sink_pages=sink_pages, local_pages=local_pages,
+        causal=causal, scale=scale, rank_to_pos=rank_to_pos)
 
 
-def _example(gen: torch.Generator, *, scorer: str = "quest", causal: bool = True,
-             padded: bool = True, t_q: int = 4, t_k: int = 21) -> contract.Example:
+def step_example(gen: torch.Generator, *, scorer: str = "quest", causal: bool = True,
+                 padded: bool = True, t_q: int = 4, t_k: int = 21) -> contract.Example:
     """Batch 2, 6 query heads of 2 KV heads, pages of 3 keys, a budget of 3 pages, the
     pages' features from the keys; padding: a hole, and left padding."""
     qkv = contract.attention_inputs(gen, h=6, t_q=t_q, t_k=t_k)
@@ -117,7 +123,7 @@ def _example(gen: torch.Generator, *, scorer: str = "quest", causal: bool = True
 
 
 contract.register(contract.OpContract(
-    "attend_best_pages", attend_best_pages, attend_best_pages_reference, _example,
+    "attend_best_pages", attend_best_pages, attend_best_pages_reference, step_example,
     cases=(
         *contract.grid(scorer=("quest", "mean"), causal=(True, False)),
         *contract.grid(padded=(False,), t_q=(1, 21)),
