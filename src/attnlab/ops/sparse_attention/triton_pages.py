@@ -177,6 +177,7 @@ def _best_pages_kernel(
             logits += tl.load(bias_ptr + head * n_buckets + bucket).to(ACC)
         logits = tl.where(candidate, logits, float("-inf"))
         top = tl.max(logits, axis=0)
+        top = tl.where(top == float("-inf"), 0.0, top)  # no candidate: no -inf - -inf
         weights = tl.where(candidate, tl.exp(logits - top), 0.0)
         mass += weights / tl.maximum(tl.sum(weights, axis=0), 1e-30)
     m = tl.full([G], float("-inf"), ACC)
