@@ -29,7 +29,7 @@ from attnlab.utils.testing import assert_close, rel_rms_error
 from tests.helpers import triton_on_this_machine
 
 F64 = torch.float64
-HAS_TRITON = triton_on_this_machine()  # before attnlab.ops.expert_matmul.triton is imported
+HAS_TRITON = triton_on_this_machine()
 # every backend runs on the GPU where there is one (Triton compiled for it), else on the CPU
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TRITON = pytest.param(

@@ -12,10 +12,9 @@ best other pages, then exact softmax over them
 to every key (Quest keeps its first two layers dense).
 
 The selection scores every page (O(T / page) per query); at inference one native CPU call
-per layer scores, selects and attends (:mod:`attnlab.ops.attention.page_step`; on a GPU a
-step selects in PyTorch ops and attends in one Triton kernel, a prefill runs FlexAttention).
-Causal
-decoding in eval mode carries a :class:`~attnlab.layers.page_state.PageState` (the scorer's
+per layer scores, selects and attends (:mod:`attnlab.ops.attention.page_step`; on a GPU one
+Triton kernel per decoding step, and FlexAttention for a prefill). Causal decoding in eval
+mode carries a :class:`~attnlab.layers.page_state.PageState` (the scorer's
 features of every page, a page's computed once it is complete), so a step costs its page
 scores and the keys it keeps. Pages are counted over the real keys, so padding does not move
 them, and a cached step equals the full pass; without a usable state (the first call, a

@@ -11,9 +11,10 @@ them:
   score bias, and only the calls its selector routes there (the window's decoding rows).
 - ``flex``: FlexAttention on the selection's block mask
   (:mod:`~attnlab.ops.sparse_attention.flex`); any device, no score bias.
-- ``triton``: one Triton kernel that reads a page selection as a block table
-  (:mod:`~attnlab.ops.sparse_attention.triton_pages`): CUDA (or CPU under
-  ``TRITON_INTERPRET=1``, for tests), no gradients, no score bias; page selectors only.
+- ``triton``: Triton kernels (:mod:`~attnlab.ops.sparse_attention.triton_pages`): a page
+  selector's decoding step (scores, selection, attention) in one kernel, or any page
+  selection read as a block table; CUDA (or CPU under ``TRITON_INTERPRET=1``, for tests),
+  no gradients, no score bias; page selectors only.
 - ``torch``: PyTorch ops in blocks of queries (gathered keys, or a masked score block);
   anything, gradients and score biases included.
 
@@ -21,8 +22,8 @@ them:
 prefill (at least :data:`COMPILE_MIN_QUERIES` rows) and ``triton`` for fewer rows (a
 decoding step) where triton is installed and no gradient is needed, else ``torch``. A named
 executor is honoured where it can run and refused with an error naming what would run where
-it cannot; ``native`` falls back to ``torch`` only for what the
-kernel does not compute (gradients, other dtypes), which gives the same result.
+it cannot; ``native`` falls back to ``torch`` only for what the kernel does not compute
+(gradients, other dtypes), which gives the same result.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Executors: :func:`attend_pages` runs the exact softmax over the selected keys th
 :func:`~attnlab.ops.sparse_attention.run_attention` (each page a run of keys: the native CPU
 kernel where the inputs allow, the PyTorch gather otherwise; that choice is made there, in
 one place); :func:`attend_pages_triton` reads the selection as a block table in one Triton
-kernel (GPU decoding; no host sync); FlexAttention's is in
+kernel (a GPU's few rows; no host sync); FlexAttention's is in
 :mod:`~attnlab.ops.sparse_attention.flex`. :func:`attend_pages_naive` is the reference: a
 dense mask of the same keys.
 """
