@@ -121,6 +121,16 @@ passkey_sparse_256() {  # length: fully sparse passkey at budget 256 only, with 
     --variant "{name: quest, budget: 256}" --json "$OUT/passkey-$1-sparse.json"
 }
 
+passkey_full() {  # length: the issue's passkey sample (20 prompts x 3 depths) under the dense
+                  # prefill, every selector at 256 and 1024, sea_pages at pages of 16, 8 and 4
+  V=(--variant original); variants 256 all; variants 1024 all
+  for b in 256 1024; do
+    V+=(--variant "{name: sea_pages, budget: $b, page: 4, estimators: smollm2-135m-p4}")
+  done
+  "${A[@]}" --tasks passkey --passkey-protocols dense-prefill --lengths "$1" --prompts 20 \
+    "${V[@]}" --json "$OUT/passkey-$1-p20.json"
+}
+
 # every step, in the order they ran (sea_pages at pages of 8 joined `all` after the first four);
 # `run.sh page_oracles` runs only the steps named
 STEPS=("perplexity 8192 256 16384 all" "passkey 8192" "perplexity 8192 1024 8192 main"
@@ -129,7 +139,8 @@ STEPS=("perplexity 8192 256 16384 all" "passkey 8192" "perplexity 8192 1024 8192
        "passkey 2048" "perplexity 8192 512 16384 all" "perplexity 8192 128 16384 pages"
        "passkey_sparse 2048" "perplexity 8192 2048 16384 main" "passkey_sparse 4096"
        "passkey_sparse_256 8192" page_oracle_4 "passkey_sparse_1024 8192"
-       pages_of_4 features_bf16 passkey_sparse_p4 "pages_of_4 4096" "pages_of_4 2048")
+       pages_of_4 features_bf16 passkey_sparse_p4 "pages_of_4 4096" "pages_of_4 2048"
+       "passkey_full 8192")
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step
