@@ -6,8 +6,8 @@ a step needs only the new queries' logits over them, the group's selection
 :func:`attend_best_pages` does all three in one native CPU kernel call where it serves (no
 autograd; float32, float64, bfloat16), or in one Triton kernel on a GPU (no host sync), which
 removes the hundred-odd small PyTorch ops a step would otherwise dispatch per layer;
-otherwise, and as its reference, the same steps in PyTorch (:func:`best_page_selection`
-then the attention: :func:`attend_best_pages_reference`).
+otherwise, and as its reference, the same steps in PyTorch
+(:func:`attend_best_pages_reference`).
 """
 
 from __future__ import annotations
@@ -30,14 +30,12 @@ from attnlab.ops.sparse_attention.pages import (
 )
 
 
-def best_page_selection(
-    q: Tensor, k: Tensor, *, scorer: PageScorer, features: Tensor, q_ranks: Tensor,
+def attend_best_pages_reference(
+    q: Tensor, k: Tensor, v: Tensor, *, scorer: PageScorer, features: Tensor, q_ranks: Tensor,
     n_real: Tensor, budget: int, page: int, sink_pages: int, local_pages: int, causal: bool,
     scale: float, rank_to_pos: Tensor | None,
-) -> PageSelection:
-    """The pages each row of q ``[B, H, Tq, D]`` reads per KV head of k ``[B, Hk, Tk, D]``
-    (arguments as :func:`attend_best_pages`), in PyTorch ops of fixed shapes (nothing read
-    back to the host)."""
+) -> Tensor:
+    """:func:`attend_best_pages` in PyTorch ops (differentiable in q, k and v)."""
     n_pages = features.shape[2]
     compute = torch.promote_types(features.dtype, torch.float32)  # 16-bit features widened
     logits = scorer_logits(scorer, q.detach().to(compute), features.to(compute),
@@ -46,20 +44,8 @@ def best_page_selection(
                                   causal)
     kept = select_pages(logits, k.shape[1], readable, forced,
                         budget // page - sink_pages - local_pages)
-    return PageSelection(pages_from_kept(kept, budget // page), page,
-                         row_limits(q_ranks, n_real, causal), rank_to_pos)
-
-
-def attend_best_pages_reference(
-    q: Tensor, k: Tensor, v: Tensor, *, scorer: PageScorer, features: Tensor, q_ranks: Tensor,
-    n_real: Tensor, budget: int, page: int, sink_pages: int, local_pages: int, causal: bool,
-    scale: float, rank_to_pos: Tensor | None,
-) -> Tensor:
-    """:func:`attend_best_pages` in PyTorch ops (differentiable in q, k and v)."""
-    selection = best_page_selection(
-        q, k, scorer=scorer, features=features, q_ranks=q_ranks, n_real=n_real, budget=budget,
-        page=page, sink_pages=sink_pages, local_pages=local_pages, causal=causal, scale=scale,
-        rank_to_pos=rank_to_pos)
+    selection = PageSelection(pages_from_kept(kept, budget // page), page,
+                              row_limits(q_ranks, n_real, causal), rank_to_pos)
     return attend_pages(q, k, v, selection, scale=scale)
 
 

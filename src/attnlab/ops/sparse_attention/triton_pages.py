@@ -210,32 +210,42 @@ FEATURE_ELEMENTS = 8192
 features shrinks as a row's pages grow, keeping registers bounded."""
 
 
+def _launch_inputs(q: Tensor, k: Tensor, v: Tensor
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[int, ...], dict]:
+    """What both kernels take of q ``[B, H, Tq, D]``, k, v ``[B, Hk, Tk, D]``: the three with
+    a contiguous last dim, the output ``[B, H, Tq, Dv]`` (q's dtype), their batch, head and
+    row strides, and the constexprs of their shapes and accumulator."""
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    out = torch.empty(*q.shape[:3], v.shape[-1], dtype=q.dtype, device=q.device)
+    strides = tuple(x.stride(i) for x in (q, k, v) for i in range(3))
+    shapes = {"ACC": _TL_ACC.get(q.dtype, tl.float32),
+              "G": triton.next_power_of_2(q.shape[1] // k.shape[1]),
+              "D": triton.next_power_of_2(q.shape[-1]),
+              "DV": triton.next_power_of_2(v.shape[-1])}
+    return q, k, v, out, strides, shapes
+
+
 def attend_pages_kernel(q: Tensor, k: Tensor, v: Tensor, selection: PageSelection, *,
                         scale: float) -> Tensor:
     """:func:`~attnlab.ops.sparse_attention.pages.attend_pages` by the Triton kernel: q
     ``[B, H, Tq, D]``, k, v ``[B, Hk, Tk, D]`` (one dtype; CUDA, or CPU under
     ``TRITON_INTERPRET=1``) -> ``[B, H, Tq, Dv]`` in q's dtype (0 for a row that reads none).
     """
-    b, h, t_q, d_qk = q.shape
-    h_kv, d_v = k.shape[1], v.shape[-1]
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    (b, h, t_q, d_qk), h_kv, d_v = q.shape, k.shape[1], v.shape[-1]
+    q, k, v, out, strides, shapes = _launch_inputs(q, k, v)
     pages = selection.pages.contiguous()
     limit = selection.limit.contiguous()
     pos = selection.rank_to_pos
     pos = limit if pos is None else pos.contiguous()  # an unread placeholder without padding
-    out = torch.empty(b, h, t_q, d_v, dtype=q.dtype, device=q.device)
     if out.numel() == 0:
         return out
     _selected_pages_kernel[(t_q, h_kv, b)](
         q, k, v, pages, limit, pos, out,
-        scale, pages.shape[-1], selection.page, h // h_kv, d_qk, d_v,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), pages.stride(0), pages.stride(1),
-        pages.stride(2), limit.stride(0), pos.stride(0), out.stride(0), out.stride(1),
-        out.stride(2),
-        HAS_POS=selection.rank_to_pos is not None, ACC=_TL_ACC.get(q.dtype, tl.float32),
-        G=triton.next_power_of_2(h // h_kv), PB=triton.next_power_of_2(selection.page),
-        D=triton.next_power_of_2(d_qk), DV=triton.next_power_of_2(d_v),
+        scale, pages.shape[-1], selection.page, h // h_kv, d_qk, d_v, *strides,
+        pages.stride(0), pages.stride(1), pages.stride(2), limit.stride(0), pos.stride(0),
+        out.stride(0), out.stride(1), out.stride(2),
+        HAS_POS=selection.rank_to_pos is not None, PB=triton.next_power_of_2(selection.page),
+        **shapes,
     )
     return out
 
@@ -249,16 +259,14 @@ def best_pages_kernel(
     :func:`~attnlab.ops.sparse_attention.native.page_attention_native`: query_features
     ``[B, H, Tq, F]``, features ``[B, Hk or H, P, F]``, bias ``[H, n_buckets]`` or None,
     q_rank ``[B, Tq]``, n_real ``[B]``) -> ``[B, H, Tq, Dv]`` in q's dtype."""
-    b, h, t_q, d_qk = q.shape
-    h_kv, d_v = k.shape[1], v.shape[-1]
-    q, k, v, query_features, features = (
-        x if x.stride(-1) == 1 else x.contiguous()
-        for x in (q, k, v, query_features, features))
+    (b, h, t_q, d_qk), h_kv, d_v = q.shape, k.shape[1], v.shape[-1]
+    q, k, v, out, strides, shapes = _launch_inputs(q, k, v)
+    query_features, features = (x if x.stride(-1) == 1 else x.contiguous()
+                                for x in (query_features, features))
     ranks = q_rank.to(torch.int64).contiguous()
     counts = n_real.to(torch.int64).contiguous()
     table = None if bias is None else bias.detach().contiguous()
     pos = ranks if rank_to_pos is None else rank_to_pos.contiguous()  # unread placeholder
-    out = torch.empty(b, h, t_q, d_v, dtype=q.dtype, device=q.device)
     if out.numel() == 0:
         return out
     n_pages, n_features = features.shape[2], features.shape[3]
@@ -267,15 +275,14 @@ def best_pages_kernel(
         q, k, v, query_features, features, ranks if table is None else table, ranks, counts,
         pos, out, scale, page, h // h_kv, d_qk, d_v, n_features, n_pages,
         0 if table is None else table.shape[1], sink_pages, local_pages, n_top, int(causal),
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), query_features.stride(0),
+        *strides, query_features.stride(0),
         query_features.stride(1), query_features.stride(2), features.stride(0),
         features.stride(1), features.stride(2), ranks.stride(0), pos.stride(0),
         out.stride(0), out.stride(1), out.stride(2),
         HAS_POS=rank_to_pos is not None, HAS_BIAS=table is not None,
-        HEAD_FEATURES=features.shape[1] == h, ACC=_TL_ACC.get(q.dtype, tl.float32),
-        G=triton.next_power_of_2(h // h_kv), PB=triton.next_power_of_2(page),
-        D=triton.next_power_of_2(d_qk), DV=triton.next_power_of_2(d_v), P_BLOCK=p_block,
+        HEAD_FEATURES=features.shape[1] == h, PB=triton.next_power_of_2(page),
+        P_BLOCK=p_block,
         FC=max(1, min(triton.next_power_of_2(n_features), FEATURE_ELEMENTS // p_block)),
+        **shapes,
     )
     return out
