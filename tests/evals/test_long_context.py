@@ -150,6 +150,22 @@ def test_no_document_longer_than_the_context_is_an_error(llama, monkeypatch):
             progress=False)
 
 
+def test_a_document_cap_takes_the_sample_from_several_documents(llama, capsys):
+    """Windows of 128 targets at 256 tokens, at most 100 targets per document: 300 targets
+    take the first window of three documents."""
+    cfg = LongContextConfig(lengths=(256,), tasks=("perplexity",), ppl_tokens=300,
+                            ppl_document_tokens=100)
+    result = run(llama, ["original"], cfg, progress=False)
+    (record,) = result["records"]
+    assert record["documents"] == 3 and record["window_tokens"] == [128] * 3
+    assert result["config"]["ppl_document_tokens"] == 100
+    with pytest.raises(ConfigError, match="ppl_document_tokens must be >= 1"):
+        LongContextConfig(ppl_document_tokens=0).validate()
+    with pytest.raises(SystemExit) as stop:
+        main(["long-context", "--model", str(llama), "--ppl-document-tokens", "0"])
+    assert stop.value.code == 2 and "--ppl-document-tokens" in capsys.readouterr().err
+
+
 def test_the_cli_prints_the_table_and_saves_json(llama, tmp_path, capsys):
     out = tmp_path / "lc.json"
     assert main(["long-context", "--model", str(llama), "--lengths", "256", "--tasks",

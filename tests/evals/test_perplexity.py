@@ -8,7 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.evals.perplexity import check_sliding, sliding_perplexity, sliding_windows
+from attnlab.evals.perplexity import (
+    check_sliding,
+    plan_windows,
+    sliding_perplexity,
+    sliding_windows,
+)
 
 
 @pytest.mark.parametrize(("n", "context", "stride"),
@@ -58,6 +63,23 @@ def test_scoring_stops_after_the_window_that_reaches_max_tokens():
     scored = sliding_perplexity(lambda ids: torch.zeros(1, ids.shape[1], 3), docs, 8, 4,
                                 max_tokens=10)
     assert scored.tokens == 12  # whole windows of 4 targets: the third one passes 10
+
+
+def test_a_document_cap_spreads_the_sample_over_the_documents_in_order():
+    """At most 8 targets (whole windows of 4) from each document, 20 in all: the first two
+    windows of each long document, the short one skipped, the last document cut by the
+    total."""
+    plan = plan_windows([100, 6, 100, 100, 100], context=8, stride=4, max_tokens=20,
+                        max_document_tokens=8)
+    assert [i for i, _ in plan.windows] == [0, 0, 2, 2, 3]
+    assert [w for i, w in plan.windows if i == 2] == sliding_windows(100, 8, 4)[:2]
+    assert (plan.documents, plan.skipped) == (3, 1)
+    uncapped = plan_windows([100, 6, 100], context=8, stride=4, max_tokens=20)
+    assert [i for i, _ in uncapped.windows] == [0] * 5
+    docs = [torch.zeros(n, dtype=torch.long) for n in (100, 6, 100, 100, 100)]
+    scored = sliding_perplexity(lambda ids: torch.zeros(1, ids.shape[1], 3), docs, 8, 4,
+                                max_tokens=20, max_document_tokens=8)
+    assert scored.window_tokens == [4] * 5 and (scored.documents, scored.skipped) == (3, 1)
 
 
 def test_the_paired_ratio_interval_brackets_the_ratio_and_is_exact_for_a_shift():

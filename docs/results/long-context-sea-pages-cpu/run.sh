@@ -35,6 +35,18 @@ perplexity() {  # length, budget, targets, main|pages|all
     --json "$OUT/ppl-$1-b$2.json"
 }
 
+perplexity_full() {  # length, budget, main|pages|all: the perplexity sample, 65,536
+                     # targets, at most 16,384 from each of the 4 held-out documents (both
+                     # plays, each in its modern and First Folio editions; the first 16,384
+                     # are the windows of the other files); all adds sea_pages at pages of 4
+  V=(--variant original); variants "$2" "$3"
+  if [ "$3" = all ]; then
+    V+=(--variant "{name: sea_pages, budget: $2, page: 4, estimators: smollm2-135m-p4}")
+  fi
+  "${A[@]}" --tasks perplexity --lengths "$1" --ppl-tokens 65536 --ppl-document-tokens 16384 \
+    "${V[@]}" --json "$OUT/ppl-$1-b$2-t65536.json"
+}
+
 page_oracles() {  # what the page size costs at 8k, budget 256: the page oracle at pages of
                   # 16 and 8 keys (the windows of ppl-8192-b256)
   "${A[@]}" --tasks perplexity --lengths 8192 --ppl-tokens "${PPL_TOKENS:-16384}" \

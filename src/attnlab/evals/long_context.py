@@ -38,9 +38,9 @@ from attnlab.evals.passkey import (
 from attnlab.evals.perplexity import (
     Scored,
     check_sliding,
+    plan_windows,
     ratio_interval,
     sliding_perplexity,
-    sliding_windows,
 )
 from attnlab.evals.variants import ORIGINAL, Variant, parse_variant
 from attnlab.layers.registry import check_budget
@@ -66,6 +66,8 @@ TEACHER_FAILS = 0.5
 class LongContextConfig:
     """What to evaluate. ``stride``: fraction of the context between sliding windows;
     ``ppl_tokens``: targets scored per length (whole windows, in document order);
+    ``ppl_document_tokens``: at most this many of them from one document (None: no cap), so
+    that the sample spans several documents;
     ``prompts``: passkey prompts per (length, depth)."""
 
     lengths: tuple[int, ...] = (2048, 4096, 8192)
@@ -74,6 +76,7 @@ class LongContextConfig:
     split: str = "valid"
     stride: float = 0.5
     ppl_tokens: int = 16384
+    ppl_document_tokens: int | None = None
     depths: tuple[float, ...] = (0.1, 0.5, 0.9)
     prompts: int = MIN_PROMPTS
     passkey_protocols: tuple[str, ...] = ("sparse",)
@@ -113,6 +116,9 @@ class LongContextConfig:
                 raise ConfigError(f"stride {self.stride} at length {context}: {err}") from err
         if self.ppl_tokens < 1 or self.prompts < 1:
             raise ConfigError("ppl_tokens and prompts must be >= 1")
+        if self.ppl_document_tokens is not None and self.ppl_document_tokens < 1:
+            raise ConfigError(f"ppl_document_tokens must be >= 1 or None, got "
+                              f"{self.ppl_document_tokens}")
         for depth in self.depths:
             try:
                 check_depth(depth)
@@ -154,15 +160,11 @@ class Evaluation:
 
     def work(self, context: int) -> int:
         """Forwards (perplexity windows + passkey prompts) at ``context``, for progress."""
-        windows, tokens = 0, 0
-        for doc in self.documents:
-            for w in sliding_windows(doc.numel(), context, self.cfg.stride_tokens(context)):
-                if tokens >= self.cfg.ppl_tokens:
-                    break
-                windows += 1
-                tokens += w.start + context - w.score_from + 1
+        plan = plan_windows([d.numel() for d in self.documents], context,
+                            self.cfg.stride_tokens(context), self.cfg.ppl_tokens,
+                            self.cfg.ppl_document_tokens)
         prompts = len(self.cfg.depths) * self.cfg.prompts * ("passkey" in self.cfg.tasks)
-        return windows + prompts * ("sparse" in self.cfg.passkey_protocols)
+        return len(plan.windows) + prompts * ("sparse" in self.cfg.passkey_protocols)
 
     def evaluate(self, variant: Variant, model: transformers.PreTrainedModel, context: int,
                  bar: tqdm) -> list[dict[str, Any]]:
@@ -174,7 +176,7 @@ class Evaluation:
             scored = sliding_perplexity(
                 lambda ids: model(input_ids=ids.to(self.device), use_cache=False).logits,
                 self.documents, context, self.cfg.stride_tokens(context), self.cfg.ppl_tokens,
-                progress=lambda _: bar.update(1))
+                progress=lambda _: bar.update(1), max_document_tokens=self.cfg.ppl_document_tokens)
             shortfall = ppl_shortfall(scored, self.cfg.ppl_tokens, context)
             records.append({**base, "task": "perplexity", "protocol": "sparse",
                             "ppl": scored.ppl, "nll": scored.nll, "tokens": scored.tokens,

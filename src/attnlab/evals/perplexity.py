@@ -9,6 +9,10 @@ window: every scored token is predicted from between ``context - stride + 1`` an
 context, not an average dominated by short prefixes. The first ``context - stride + 1``
 tokens of a document are never targets; a document of ``context`` tokens or fewer is skipped
 and counted (:class:`Scored` ``skipped``).
+
+A sample of ``max_tokens`` targets takes whole windows in document order; with
+``max_document_tokens`` it takes at most that many targets from each document, so that it
+spans several documents instead of the first one's windows.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ class Window:
 
     start: int
     score_from: int
+
+    def targets(self, context: int) -> int:
+        """How many targets the window scores."""
+        return self.start + context - self.score_from + 1
 
 
 def check_sliding(context: int, stride: int) -> None:
@@ -77,35 +85,67 @@ LogitsFn = Callable[[Tensor], Tensor]
 """``[1, T]`` token ids -> ``[1, T, vocab]`` logits (a causal language model's forward)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The windows a sample scores, as ``(document index, window)`` in scoring order, the
+    documents they come from and the documents skipped as too short on the way."""
+
+    windows: list[tuple[int, Window]]
+    documents: int
+    skipped: int
+
+
+def plan_windows(lengths: Sequence[int], context: int, stride: int,
+                 max_tokens: int | None = None,
+                 max_document_tokens: int | None = None) -> Plan:
+    """The windows of documents of ``lengths`` tokens, in order, until ``max_tokens``
+    targets (whole windows: at most ``stride - 1`` more), taking at most
+    ``max_document_tokens`` targets (whole windows) from each document."""
+    chosen: list[tuple[int, Window]] = []
+    documents = skipped = tokens = 0
+    for index, n_tokens in enumerate(lengths):
+        if max_tokens is not None and tokens >= max_tokens:
+            break
+        windows = sliding_windows(n_tokens, context, stride)
+        if not windows:
+            skipped += 1
+            continue
+        documents += 1
+        in_document = 0
+        for w in windows:
+            chosen.append((index, w))
+            in_document += w.targets(context)
+            tokens += w.targets(context)
+            if max_tokens is not None and tokens >= max_tokens:
+                break
+            if max_document_tokens is not None and in_document >= max_document_tokens:
+                break
+    return Plan(chosen, documents, skipped)
+
+
 @torch.no_grad()
 def sliding_perplexity(
     logits_fn: LogitsFn, documents: Sequence[Tensor], context: int, stride: int,
     max_tokens: int | None = None, progress: Callable[[int], None] | None = None,
+    max_document_tokens: int | None = None,
 ) -> Scored:
-    """Score ``documents`` (1-D token id tensors) in sliding windows (module docstring), in
-    order, until ``max_tokens`` targets are scored (whole windows: at most ``stride - 1``
-    more). ``progress`` is called with the number of targets each window scored."""
-    result = Scored()
-    for doc in documents:
-        windows = sliding_windows(doc.numel(), context, stride)
-        if not windows:
-            result.skipped += 1
-            continue
-        result.documents += 1
-        for w in windows:
-            ids = doc[w.start:w.start + context + 1]
-            logits = logits_fn(ids[None, :-1])[0]
-            first = w.score_from - w.start - 1  # logits row predicting token score_from
-            targets = ids[first + 1:]
-            nll = F.cross_entropy(logits[first:].float(), targets, reduction="sum").item()
-            result.nll += nll
-            result.tokens += targets.numel()
-            result.window_nll.append(nll)
-            result.window_tokens.append(targets.numel())
-            if progress is not None:
-                progress(targets.numel())
-            if max_tokens is not None and result.tokens >= max_tokens:
-                return result
+    """Score ``documents`` (1-D token id tensors) in the windows of :func:`plan_windows`.
+    ``progress`` is called with the number of targets each window scored."""
+    plan = plan_windows([d.numel() for d in documents], context, stride, max_tokens,
+                        max_document_tokens)
+    result = Scored(documents=plan.documents, skipped=plan.skipped)
+    for index, w in plan.windows:
+        ids = documents[index][w.start:w.start + context + 1]
+        logits = logits_fn(ids[None, :-1])[0]
+        first = w.score_from - w.start - 1  # logits row predicting token score_from
+        targets = ids[first + 1:]
+        nll = F.cross_entropy(logits[first:].float(), targets, reduction="sum").item()
+        result.nll += nll
+        result.tokens += targets.numel()
+        result.window_nll.append(nll)
+        result.window_tokens.append(targets.numel())
+        if progress is not None:
+            progress(targets.numel())
     return result
 
 

@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sliding-window stride as a fraction of the length")
     parser.add_argument("--ppl-tokens", type=at_least(1), default=16384,
                         help="perplexity targets per length")
+    parser.add_argument("--ppl-document-tokens", type=at_least(1), default=None,
+                        help="at most this many of them from one document, so that the "
+                             "sample spans several (default: no cap, documents in order)")
     parser.add_argument("--depths", type=csv_list(float), default=[0.1, 0.5, 0.9],
                         metavar="D1,D2,...",
                         help="passkey depths (fractions of the filler before the key)")
@@ -55,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = long_context.LongContextConfig(
         lengths=tuple(args.lengths), tasks=tuple(args.tasks), corpus=args.corpus,
         split=args.split, stride=args.stride, ppl_tokens=args.ppl_tokens,
+        ppl_document_tokens=args.ppl_document_tokens,
         depths=tuple(args.depths), prompts=args.prompts,
         passkey_protocols=tuple(args.passkey_protocols), seed=args.seed)
     result = long_context.run(args.model, args.variant, cfg, gguf_file=args.gguf_file,
