@@ -114,14 +114,19 @@ passkey() {  # length
     --prompts "$PROMPTS" "${V[@]}" --json "$OUT/passkey-$1.json"
 }
 
-passkey_sparse() {  # length: fully sparse passkey (the prompt's prefill sparse too) for SEA's
-                    # pages and Quest (the best training-free selector by perplexity)
+passkey_sparse() {  # length [file]: fully sparse passkey (the prompt's prefill sparse too) for
+                    # SEA's pages and Quest (the best training-free selector by perplexity)
   "${A[@]}" --tasks passkey --passkey-protocols sparse --lengths "$1" --prompts "$PROMPTS" \
     --variant original \
     --variant "{name: sea_pages, budget: 256, estimators: smollm2-135m}" \
     --variant "{name: quest, budget: 256}" \
     --variant "{name: sea_pages, budget: 1024, estimators: smollm2-135m}" \
-    --variant "{name: quest, budget: 1024}" --json "$OUT/passkey-$1-sparse.json"
+    --variant "{name: quest, budget: 1024}" --json "$OUT/${2:-passkey-$1-sparse.json}"
+}
+
+passkey_sparse_full() {  # length: the same at the sample, 20 prompts x 3 depths (the
+                         # first 10 per depth are those of passkey-$1-sparse.json)
+  PROMPTS=20 passkey_sparse "$1" "passkey-$1-sparse-p20.json"
 }
 
 passkey_sparse_256() {  # length: fully sparse passkey at budget 256 only, with sea_pages at
