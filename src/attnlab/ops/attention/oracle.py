@@ -158,6 +158,54 @@ def _oracle(q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group
     return torch.cat(out, dim=-2)
 
 
+def _kv_block(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: float,
+              bias: Tensor | None, budget: int) -> Tensor:
+    """The key-level ``"kv"`` oracle of one block of queries: q ``[B, H, b, D]``, k, v
+    ``[B, Hk, Ts, D]``, allowed ``[B or 1, 1, b, Ts]`` or None, bias ``[B or 1, H or 1, b,
+    Ts]`` or None -> ``[B, H, b, Dv]``."""
+    b, h, rows, d = q.shape
+    h_kv, t_s = k.shape[1], k.shape[2]
+    g = h // h_kv
+    # [B, Hk, g, b, Ts]: the group's heads share their KV head's keys, nothing is repeated
+    scores = ((q.reshape(b, h_kv, g * rows, d) * scale) @ k.transpose(-1, -2)).view(
+        b, h_kv, g, rows, t_s)
+    if bias is not None:
+        scores = scores + bias.reshape(bias.shape[0], -1, bias.shape[1] // h_kv or 1, rows, t_s)
+    if allowed is not None:
+        scores.masked_fill_(~allowed[:, :, None], float("-inf"))
+    with torch.no_grad():  # a key no head may read has mass 0 and, if kept, weight 0
+        mass = torch.softmax(scores, dim=-1).nan_to_num_(0.0).sum(2)  # a row with no key: 0
+        kept = mass.topk(min(budget, t_s), dim=-1).indices  # [B, Hk, b, n]
+    index = kept[:, :, None].expand(-1, -1, g, -1, -1)
+    chosen = scores.gather(-1, index)
+    any_key = chosen.isfinite().any(-1, keepdim=True)  # a kept key this head may read
+    weights = torch.softmax(chosen.masked_fill(~any_key, 0.0), dim=-1) * any_key
+    # a dense product over the scattered weights: faster on CPU than gathering the values
+    dense = torch.zeros_like(scores).scatter_(-1, index, weights)
+    return (dense.view(b, h_kv, g * rows, t_s) @ v).view(b, h, rows, -1)
+
+
+def _oracle_kv(q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, causal: bool,
+               key_padding_mask: Tensor | None, score_bias: Tensor | None) -> Tensor:
+    """The key-level ``"kv"`` oracle in blocks of :data:`QUERY_BLOCK` queries, the keys'
+    scores computed once per KV head (:func:`oracle_attention`'s fast path)."""
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} "
+                         "key/value heads")
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    out = []
+    for start in range(0, t_q, QUERY_BLOCK):
+        stop = min(start + QUERY_BLOCK, t_q)
+        t_seen = t_k - t_q + stop if causal else t_k
+        padding = None if key_padding_mask is None else key_padding_mask[:, :t_seen]
+        allowed = allowed_keys(stop - start, t_seen, causal=causal, key_padding_mask=padding,
+                               device=q.device)
+        bias = None if score_bias is None else score_bias[..., start:stop, :t_seen]
+        out.append(_kv_block(q[..., start:stop, :], k[..., :t_seen, :], v[..., :t_seen, :],
+                             allowed, scale, bias, budget))
+    return torch.cat(out, dim=-2)
+
+
 def oracle_attention(
     q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group: str = "kv",
     causal: bool = True, key_padding_mask: Tensor | None = None,
@@ -171,7 +219,13 @@ def oracle_attention(
     (head, key) cells per row (``"heads"``).
     ``score_bias``: added to the scores before the selection, ``[B or 1, H or 1, Tq, Tk]``.
     ``page``: the keys of the unit kept (``"kv"``; ``budget // page`` pages per row).
+    The key-level ``"kv"`` oracle has a path of its own that scores each KV head's keys once
+    for its group and takes one softmax over all keys; the others mask dense scores.
     """
+    check_oracle(budget, group, page)
+    if group == "kv" and page == 1:
+        return _oracle_kv(q, k, v, scale=scale, budget=budget, causal=causal,
+                          key_padding_mask=key_padding_mask, score_bias=score_bias)
     return _oracle(q, k, v, scale=scale, budget=budget, group=group, causal=causal,
                    key_padding_mask=key_padding_mask, score_bias=score_bias,
                    block=QUERY_BLOCK, full_sort=False, page=page)
