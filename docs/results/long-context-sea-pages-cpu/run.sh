@@ -35,11 +35,18 @@ perplexity() {  # length, budget, targets, main|pages|all
     --json "$OUT/ppl-$1-b$2.json"
 }
 
-perplexity_full() {  # length, budget, main|pages|all: the perplexity sample, 65,536
-                     # targets, at most 16,384 from each of the 4 held-out documents (both
-                     # plays, each in its modern and First Folio editions; the first 16,384
-                     # are the windows of the other files); all adds sea_pages at pages of 4
-  V=(--variant original); variants "$2" "$3"
+perplexity_full() {  # length, budget, lean|main|pages|all: the perplexity sample,
+                     # 65,536 targets, at most 16,384 from each of the 4 held-out documents
+                     # (both plays, each in its modern and First Folio editions; the first
+                     # 16,384 are the windows of the other files); all adds sea_pages at pages
+                     # of 4, lean is sea_pages and Quest only
+  V=(--variant original)
+  if [ "$3" = lean ]; then
+    V+=(--variant "{name: quest, budget: $2}"
+        --variant "{name: sea_pages, budget: $2, estimators: smollm2-135m}")
+  else
+    variants "$2" "$3"
+  fi
   if [ "$3" = all ]; then
     V+=(--variant "{name: sea_pages, budget: $2, page: 4, estimators: smollm2-135m-p4}")
   fi
