@@ -35,6 +35,8 @@ them all, one with none gives 0. :func:`oracle_keep` is the selection both ops u
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -134,6 +136,23 @@ def _scores(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float,
     return scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
 
 
+def _query_blocks(t_q: int, t_k: int, block: int, causal: bool,
+                  key_padding_mask: Tensor | None, score_bias: Tensor | None,
+                  device: torch.device) -> Iterator[tuple[int, int, int, Tensor | None,
+                                                          Tensor | None]]:
+    """Blocks of ``block`` queries: ``(start, stop, t_seen, allowed, bias)``, the keys after
+    the block's last query left out when causal (``t_seen`` keys: never allowed), the allowed
+    pairs (:func:`allowed_keys`) and the block's score bias."""
+    for start in range(0, t_q, block):
+        stop = min(start + block, t_q)
+        t_seen = t_k - t_q + stop if causal else t_k
+        padding = None if key_padding_mask is None else key_padding_mask[:, :t_seen]
+        allowed = allowed_keys(stop - start, t_seen, causal=causal, key_padding_mask=padding,
+                               device=device)
+        bias = None if score_bias is None else score_bias[..., start:stop, :t_seen]
+        yield start, stop, t_seen, allowed, bias
+
+
 def _oracle(q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group: str,
             causal: bool, key_padding_mask: Tensor | None, score_bias: Tensor | None,
             block: int, full_sort: bool, page: int) -> Tensor:
@@ -143,14 +162,8 @@ def _oracle(q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, group
     pages = key_pages(ranks, page)
     k, v = expand_kv_heads(k, h), expand_kv_heads(v, h)
     out = []
-    for start in range(0, t_q, block):
-        stop = min(start + block, t_q)
-        # keys after the block's last query are never allowed: leave them out
-        t_seen = t_k - t_q + stop if causal else t_k
-        padding = None if key_padding_mask is None else key_padding_mask[:, :t_seen]
-        allowed = allowed_keys(stop - start, t_seen, causal=causal, key_padding_mask=padding,
-                               device=q.device)
-        bias = None if score_bias is None else score_bias[..., start:stop, :t_seen]
+    for start, stop, t_seen, allowed, bias in _query_blocks(
+            t_q, t_k, block, causal, key_padding_mask, score_bias, q.device):
         scores = _scores(q[..., start:stop, :], k[..., :t_seen, :], allowed, scale, bias)
         keep = oracle_keep(scores, budget=budget, group=group, n_kv_heads=h_kv,
                            full_sort=full_sort, page=page, pages=pages[:, :t_seen])
@@ -192,15 +205,10 @@ def _oracle_kv(q: Tensor, k: Tensor, v: Tensor, *, scale: float, budget: int, ca
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} "
                          "key/value heads")
-    t_q, t_k = q.shape[-2], k.shape[-2]
     out = []
-    for start in range(0, t_q, QUERY_BLOCK):
-        stop = min(start + QUERY_BLOCK, t_q)
-        t_seen = t_k - t_q + stop if causal else t_k
-        padding = None if key_padding_mask is None else key_padding_mask[:, :t_seen]
-        allowed = allowed_keys(stop - start, t_seen, causal=causal, key_padding_mask=padding,
-                               device=q.device)
-        bias = None if score_bias is None else score_bias[..., start:stop, :t_seen]
+    for start, stop, t_seen, allowed, bias in _query_blocks(
+            q.shape[-2], k.shape[-2], QUERY_BLOCK, causal, key_padding_mask, score_bias,
+            q.device):
         out.append(_kv_block(q[..., start:stop, :], k[..., :t_seen, :], v[..., :t_seen, :],
                              allowed, scale, bias, budget))
     return torch.cat(out, dim=-2)
