@@ -9,7 +9,7 @@
 # python3); attnlab from src/ when it is not installed.
 set -u
 ALL_STEPS="tests bench-attention-fwd bench-pages-fwd bench-expert-matmul profile-sea bench-train \
-smollm2-shape bench-serve bench-serve-pages bench-attention-fwdbwd bench-layer"
+smollm2-shape bench-serve bench-triton-step bench-serve-pages bench-attention-fwdbwd bench-layer"
 for name in ${STEPS:-}; do
     if [[ " $ALL_STEPS " != *" $name "* ]]; then
         echo "error: unknown step '$name' in STEPS; valid: $ALL_STEPS" >&2
@@ -103,8 +103,49 @@ step bench-serve 150 "${attnlab[@]}" bench serve --device cuda --model "$out/smo
     --dtypes bfloat16 --seq-lens 2048,8192 --batches 1,8 --prefill-batches 1 \
     --json "$out/bench-serve-smollm2-shape-h200.json" \
     --plot "$out/bench-serve-smollm2-shape-h200.png"
-# the page selectors' decoding on the GPU (each step selects in PyTorch ops and attends in the
-# Triton kernel) against the dense model, 256 keys per query token per KV head
+# one decoding step's kernels for one SmolLM2-shaped layer (9 query heads, 3 KV heads of 64,
+# pages of 16, 256 keys per KV head, Quest's features): the fused step kernel against the
+# split selection + block-table kernel, and sdpa's dense step; sets SPLIT_* in triton_pages
+step bench-triton-step 40 "$py" - "$out/bench-triton-step-h200.json" <<'EOF'
+import json, sys, torch
+import torch.nn.functional as F
+from attnlab.ops.sparse_attention.triton_pages import best_pages_kernel
+
+def timed(fn, reps=50):
+    for _ in range(3):
+        fn()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / reps * 1e3  # us
+
+rows, dev, bf = [], "cuda", torch.bfloat16
+for t in (8192, 32768):
+    for b in (1, 8):
+        q = torch.randn(b, 9, 1, 64, device=dev, dtype=bf)
+        k, v = (torch.randn(b, 3, t, 64, device=dev, dtype=bf) for _ in range(2))
+        feats = torch.randn(b, 3, t // 16, 128, device=dev, dtype=bf)
+        qf = torch.randn(b, 9, 1, 128, device=dev, dtype=torch.float32)
+        ranks = torch.full((b, 1), t - 1, device=dev)
+        n_real = torch.full((b,), t, device=dev)
+        args = dict(page=16, sink_pages=1, local_pages=1, n_top=14, causal=True,
+                    scale=0.125, rank_to_pos=None)
+        row = {"seq_len": t, "batch": b}
+        for split in (False, True):
+            row["split_us" if split else "fused_us"] = timed(lambda: best_pages_kernel(
+                q, k, v, qf, feats, None, ranks, n_real, split=split, **args))
+        row["sdpa_us"] = timed(lambda: F.scaled_dot_product_attention(
+            q, k, v, enable_gqa=True))
+        rows.append(row)
+        print(row)
+json.dump(rows, open(sys.argv[1], "w"), indent=1)
+EOF
+# the page selectors' decoding on the GPU (each step through the Triton step kernel, fused or
+# split by triton_pages' SPLIT_* rule) against the dense model, 256 keys per query token per
+# KV head
 step bench-serve-pages 200 "${attnlab[@]}" bench serve --device cuda --model "$out/smollm2-shape" \
     --dtypes bfloat16 --seq-lens 8192,32768 --batches 1,8 --prefill-batches '' \
     --core "{name: quest, budget: 256}" \

@@ -112,15 +112,23 @@ def test_a_bfloat16_state_keeps_16_bit_features_and_equals_the_full_pass():
 
 
 @pytest.mark.skipif(not triton_on_this_machine(), reason="triton is not installed")
-@pytest.mark.parametrize(("padded", "prior"), [(True, 1.0), (False, 1.0), (False, 30.0)],
-                         ids=["padded", "unpadded", "strong-recency-prior"])
-def test_decoding_through_the_triton_kernel_equals_the_full_pass(monkeypatch, padded, prior):
+@pytest.mark.parametrize(("padded", "prior", "split"),
+                         [(True, 1.0, False), (False, 1.0, False), (False, 30.0, False),
+                          (True, 1.0, True), (False, 30.0, True)],
+                         ids=["padded", "unpadded", "strong-recency-prior", "split-padded",
+                              "split-strong-recency-prior"])
+def test_decoding_through_the_triton_kernel_equals_the_full_pass(monkeypatch, padded, prior,
+                                                                 split):
     """``executor: triton`` (the GPU's decoding path; here in Triton's interpreter on CPU
     where there is no GPU): the prefill attends to its selection through one kernel, every
     step selects and attends in the other, and both equal the PyTorch executor's full pass.
-    ``prior`` scales the estimator's bias by page distance (with 30 it decides the pages)."""
-    from attnlab.ops.sparse_attention import triton_pages
+    ``prior`` scales the estimator's bias by page distance (with 30 it decides the pages).
+    ``split``: the steps select through the split kernels (pages scored 2 per program) and
+    attend through the block-table kernel."""
+    from attnlab.ops.sparse_attention import triton_pages, triton_select
 
+    monkeypatch.setattr(triton_pages, "SPLIT_MIN_PAGES", 0 if split else 10**9)
+    monkeypatch.setattr(triton_select, "CHUNK_PAGES", 2)
     calls = []
     for name in ("attend_pages_kernel", "best_pages_kernel"):
         real = getattr(triton_pages, name)
@@ -136,7 +144,8 @@ def test_decoding_through_the_triton_kernel_equals_the_full_pass(monkeypatch, pa
         full = layers[0](q, k, v, scale=0.4, key_padding_mask=mask).out
         out, used = decode(layers[1], q, k, v, mask, first=7, step=1)
     assert used == T - 7
-    assert calls == ["attend_pages_kernel"] + ["best_pages_kernel"] * (T - 7)
+    step = ["best_pages_kernel", "attend_pages_kernel"] if split else ["best_pages_kernel"]
+    assert calls == ["attend_pages_kernel"] + step * (T - 7)
     rows = slice(PAD if padded else 0, None)
     assert_close("decoded through triton", full[..., rows, :].cpu(), out[..., rows, :].cpu(),
                  1e-12)

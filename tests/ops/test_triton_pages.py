@@ -108,16 +108,22 @@ def test_triton_is_refused_where_it_cannot_run_and_auto_never_picks_it_on_cpu(mo
         executor_for("triton", q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), triton_fits=True)
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 @pytest.mark.parametrize(("scorer", "causal", "padded", "t_q"), [
     ("quest", True, True, 4), ("mean", False, True, 4), ("quest", True, False, 1),
     ("mean", True, False, 21)])
-def test_the_step_kernel_selects_and_attends_as_the_reference(dtype, scorer, causal, padded,
-                                                              t_q):
+def test_the_step_kernel_selects_and_attends_as_the_reference(monkeypatch, split, dtype,
+                                                              scorer, causal, padded, t_q):
     """One kernel scores the pages from their features, keeps the group's best beside the
     sinks and local pages, and attends (``attend_best_pages`` through ``triton``), against
     the same steps in PyTorch ops; bfloat16 against the float64 reference of the same
-    rounded inputs."""
+    rounded inputs. ``split``: the pages are scored 2 per program, chosen by a second kernel
+    and attended through the block-table kernel."""
+    from attnlab.ops.sparse_attention import triton_pages, triton_select
+
+    monkeypatch.setattr(triton_pages, "SPLIT_MIN_PAGES", 0 if split else 10**9)
+    monkeypatch.setattr(triton_select, "CHUNK_PAGES", 2)
     example = step_example(torch.Generator().manual_seed(2), scorer=scorer, causal=causal,
                            padded=padded, t_q=t_q)
     inputs = {name: x.to(DEVICE) if isinstance(x, torch.Tensor) else x

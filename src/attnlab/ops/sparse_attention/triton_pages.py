@@ -13,7 +13,9 @@ positions by ``rank_to_pos`` under padding), ``budget`` keys and values per KV h
   -1 = unused);
 - :func:`best_pages_kernel` first selects them, as the native CPU kernel does: every head's
   page logits from the kept page features, a softmax per head summed over the group, the
-  best pages beside the sinks and local pages.
+  best pages beside the sinks and local pages. Where its programs would be few and the
+  pages many, the selection runs split over many programs instead
+  (:mod:`~attnlab.ops.sparse_attention.triton_select`), then the block-table kernel.
 
 The products are elementwise sums rather than ``tl.dot``: a decoding row has a handful of
 heads, and the interpreter's ``tl.dot`` is wrong in bfloat16. Accumulates in float32
@@ -32,6 +34,7 @@ import triton.language as tl
 from torch import Tensor
 
 from attnlab.ops.sparse_attention.pages import PageSelection
+from attnlab.ops.sparse_attention.triton_select import select_best_pages
 
 _TL_ACC = {torch.float32: tl.float32, torch.float64: tl.float64}
 
@@ -205,6 +208,13 @@ def _best_pages_kernel(
     _store_group(out_ptr, acc, total, b, h, t, group, d_v, so_b, so_h, so_t, G, DV)
 
 
+SPLIT_MIN_PAGES = 256
+SPLIT_MAX_PROGRAMS = 128
+"""A step with at least ``SPLIT_MIN_PAGES`` pages and fewer (row, KV head) programs than
+``SPLIT_MAX_PROGRAMS`` (about an H100's SMs) selects through the split kernels
+(:mod:`~attnlab.ops.sparse_attention.triton_select`) instead of the fused one. An
+estimate until ``scripts/gpu-check.sh`` measures both on a GPU."""
+
 FEATURE_ELEMENTS = 8192
 """Page features a program holds at once (pages x features per chunk): the chunk of
 features shrinks as a row's pages grow, keeping registers bounded."""
@@ -254,12 +264,24 @@ def best_pages_kernel(
     q: Tensor, k: Tensor, v: Tensor, query_features: Tensor, features: Tensor,
     bias: Tensor | None, q_rank: Tensor, n_real: Tensor, *, page: int, sink_pages: int,
     local_pages: int, n_top: int, causal: bool, scale: float, rank_to_pos: Tensor | None,
+    split: bool | None = None,
 ) -> Tensor:
     """A page selector's step in one Triton kernel (arguments as
     :func:`~attnlab.ops.sparse_attention.native.page_attention_native`: query_features
     ``[B, H, Tq, F]``, features ``[B, Hk or H, P, F]``, bias ``[H, n_buckets]`` or None,
-    q_rank ``[B, Tq]``, n_real ``[B]``) -> ``[B, H, Tq, Dv]`` in q's dtype."""
+    q_rank ``[B, Tq]``, n_real ``[B]``) -> ``[B, H, Tq, Dv]`` in q's dtype. ``split``: select
+    through the split kernels and attend through the block-table kernel instead (None: by
+    :data:`SPLIT_MIN_PAGES` and :data:`SPLIT_MAX_PROGRAMS`); the same pages either way."""
     (b, h, t_q, d_qk), h_kv, d_v = q.shape, k.shape[1], v.shape[-1]
+    if split is None:
+        split = (features.shape[2] >= SPLIT_MIN_PAGES
+                 and t_q * h_kv * b < SPLIT_MAX_PROGRAMS)
+    if split:
+        selection = select_best_pages(
+            query_features, features, bias, q_rank, n_real, n_kv_heads=h_kv, page=page,
+            sink_pages=sink_pages, local_pages=local_pages, n_top=n_top, causal=causal,
+            scale=scale, rank_to_pos=rank_to_pos)
+        return attend_pages_kernel(q, k, v, selection, scale=scale)
     q, k, v, out, strides, shapes = _launch_inputs(q, k, v)
     query_features, features = (x if x.stride(-1) == 1 else x.contiguous()
                                 for x in (query_features, features))
