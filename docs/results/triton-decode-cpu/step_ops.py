@@ -10,8 +10,13 @@ a prefill of T keys, then one step of batch B (no padding) is profiled:
 - ``torch``: the selection and the attention in PyTorch ops (what ran on a GPU before the
   Triton executor);
 - ``triton``: the page scores, the selection and the attention in one Triton kernel (run
-  here in Triton's interpreter, so its time means nothing; its launch, one kernel, is left
-  out of the count, as is the interpreter's own tensor work).
+  here in Triton's interpreter, so its time means nothing);
+- ``triton-split``: the split selection (page logits over many programs, then the group's
+  choice) and the block-table kernel, three Triton kernels.
+
+The Triton kernels launch nothing while the step is counted (``kernel_launches`` counts
+them; the interpreter's own tensor work is not the device's); the output is checked with
+them run.
 
 ``top_level_ops`` counts the ATen calls the step makes from Python, ``kernel_ops`` those of
 them that are not views (each launches at least one kernel on a GPU); ``host_reads`` counts
@@ -33,7 +38,7 @@ import torch  # noqa: E402
 
 from attnlab.config import PartSpec  # noqa: E402
 from attnlab.layers import CORES, LayerContext  # noqa: E402
-from attnlab.ops.sparse_attention import triton_pages  # noqa: E402
+from attnlab.ops.sparse_attention import triton_pages, triton_select  # noqa: E402
 from attnlab.results import machine_info  # noqa: E402
 
 H, HK, D, T, BUDGET = 9, 3, 64, 4096, 256
@@ -54,8 +59,29 @@ def core(name: str, executor: str):
 
 VIEWS = {"aten::unsqueeze", "aten::slice", "aten::view", "aten::expand", "aten::expand_as",
          "aten::reshape", "aten::transpose", "aten::detach", "aten::promote_types",
-         "aten::select", "aten::permute", "aten::alias", "aten::as_strided"}
-"""Ops that make a view or answer a question about dtypes: no kernel on a GPU."""
+         "aten::select", "aten::permute", "aten::alias", "aten::as_strided", "aten::empty"}
+"""Ops that make a view, allocate, or answer a question about dtypes: no kernel on a GPU
+(nor does an ``aten::to`` or ``aten::contiguous`` that returns its input: no child op)."""
+RETURNS_INPUT = {"aten::to", "aten::contiguous"}
+
+
+def launches_kernel(event) -> bool:
+    return event.name not in VIEWS and not (event.name in RETURNS_INPUT
+                                            and not event.cpu_children)
+
+
+KERNELS = ((triton_pages, "_best_pages_kernel"), (triton_pages, "_selected_pages_kernel"),
+           (triton_select, "_page_logits_kernel"), (triton_select, "_choose_pages_kernel"))
+
+
+class NoLaunch:
+    """Stands in for a Triton kernel: ``kernel[grid](...)`` is counted and runs nothing."""
+
+    def __init__(self, launches: list) -> None:
+        self.launches = launches
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append(grid)
 
 
 def profile_step(name: str, executor: str, batch: int) -> dict:
@@ -63,40 +89,43 @@ def profile_step(name: str, executor: str, batch: int) -> dict:
     q = torch.randn(batch, H, T + 1, D, generator=gen)
     k, v = (torch.randn(batch, HK, T + 1, D, generator=gen) for _ in range(2))
     step = q[..., T:, :]
-    layer = core(name, executor)
+    triton_pages.SPLIT_MIN_PAGES = 0 if executor == "triton-split" else 10**9
+    layer = core(name, executor.removesuffix("-split"))
+    launches: list = []
     with torch.no_grad():
         state = core(name, "torch")(q[..., :T, :], k[..., :T, :], v[..., :T, :],
                                     scale=D ** -0.5).state
         out = layer(step, k, v, scale=D ** -0.5, state=copy.deepcopy(state)).out
         ref = core(name, "torch")(step, k, v, scale=D ** -0.5, state=copy.deepcopy(state)).out
-        kernel = triton_pages.best_pages_kernel
-        # the interpreter's own tensor work is not the device's: the kernel, one launch on
-        # a GPU, is left out of the count (its output allocated, as the kernel does)
-        triton_pages.best_pages_kernel = lambda q, *args, **kw: q.new_empty(q.shape)
+        kernels = [(module, kernel, getattr(module, kernel)) for module, kernel in KERNELS]
+        for module, kernel, _ in kernels:
+            setattr(module, kernel, NoLaunch(launches))
         fresh = copy.deepcopy(state)
         try:
             with torch.profiler.profile(
                     activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 layer(step, k, v, scale=D ** -0.5, state=fresh)
         finally:
-            triton_pages.best_pages_kernel = kernel
+            for module, kernel, real in kernels:
+                setattr(module, kernel, real)
     events = [e for e in prof.events() if e.name.startswith("aten::")]
     top = [e for e in events if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten")]
     return {"core": name, "executor": executor, "batch": batch, "keys": T + 1,
             "budget": BUDGET, "top_level_ops": len(top),
-            "kernel_ops": sum(e.name not in VIEWS for e in top),
+            "kernel_ops": sum(launches_kernel(e) for e in top),
             "host_reads": sum(e.name == SYNC for e in events),
+            "kernel_launches": len(launches),
             "max_abs_diff_vs_torch": float((out - ref).abs().max())}
 
 
 def main() -> None:
     records = [profile_step(name, executor, batch)
                for name in ("quest", "sea_pages") for batch in (1, 8)
-               for executor in ("torch", "triton")]
+               for executor in ("torch", "triton", "triton-split")]
     for r in records:
-        print(f"{r['core']:>9} batch {r['batch']} {r['executor']:>6}: "
-              f"{r['top_level_ops']:3d} PyTorch ops ({r['kernel_ops']} not views), "
-              f"{r['host_reads']} host reads, "
+        print(f"{r['core']:>9} batch {r['batch']} {r['executor']:>12}: "
+              f"{r['top_level_ops']:3d} PyTorch ops ({r['kernel_ops']} not views) + "
+              f"{r['kernel_launches']} Triton kernels, {r['host_reads']} host reads, "
               f"max |diff| {r['max_abs_diff_vs_torch']:.1e}")
     out = {"bench": "decode-step-ops", "machine": machine_info(), "records": records}
     Path(__file__).with_name("step_ops.json").write_text(json.dumps(out, indent=1) + "\n")
