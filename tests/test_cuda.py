@@ -172,11 +172,16 @@ def test_a_sparse_core_prefill_on_cuda_has_no_host_sync(name, options):
     assert torch.isfinite(out.out).all()
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
 @pytest.mark.parametrize("name", ["quest", "sea_pages"])
-def test_a_page_core_decoding_step_on_cuda_runs_triton_with_no_host_sync(name):
-    """A step from the decoding state (no padding): the selection in PyTorch ops of fixed
-    shapes, the attention in the Triton kernel; after a first step (which compiles it) a
+def test_a_page_core_decoding_step_on_cuda_runs_triton_with_no_host_sync(name, split,
+                                                                          monkeypatch):
+    """A step from the decoding state (no padding) through the Triton step kernel (or the
+    split selection and the block-table kernel); after a first step (which compiles them) a
     step reads nothing back to the host, and equals the CPU core's step (float32)."""
+    from attnlab.ops.sparse_attention import triton_pages
+
+    monkeypatch.setattr(triton_pages, "SPLIT_MIN_PAGES", 0 if split else 10**9)
     options = {"budget": 128}
     core = build_core(PartSpec(name, options), heads=6, d_head=64, seq_len=1100, causal=True)
     core = core.eval()
