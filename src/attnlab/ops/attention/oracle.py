@@ -183,7 +183,8 @@ def _kv_block(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: fl
     scores = ((q.reshape(b, h_kv, g * rows, d) * scale) @ k.transpose(-1, -2)).view(
         b, h_kv, g, rows, t_s)
     if bias is not None:
-        scores = scores + bias.reshape(bias.shape[0], -1, bias.shape[1] // h_kv or 1, rows, t_s)
+        heads = (h_kv, g) if bias.shape[1] == h else (1, 1)
+        scores = scores + bias.reshape(bias.shape[0], *heads, rows, t_s)
     if allowed is not None:
         scores.masked_fill_(~allowed[:, :, None], float("-inf"))
     with torch.no_grad():  # a key no head may read has mass 0 and, if kept, weight 0
