@@ -191,6 +191,20 @@ def test_pages_of_one_key_are_the_key_oracle():
                                oracle_attention(q, k, v, **kw), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("group", ["kv", "head"])
+def test_a_bias_shared_by_the_heads_is_the_same_bias_for_each_head(group):
+    """A score bias of one head (``[B, 1, Tq, Tk]``) acts as that bias repeated per head,
+    and the blocked path equals the one-matrix reference with it."""
+    q, k, v = _qkv()
+    bias = torch.randn(2, 1, 37, 37, generator=torch.Generator().manual_seed(3), dtype=F64)
+    kw = dict(scale=0.3, budget=5, group=group, key_padding_mask=_mask())
+    shared = oracle_attention(q, k, v, score_bias=bias, **kw)
+    torch.testing.assert_close(shared, oracle_attention(
+        q, k, v, score_bias=bias.expand(2, 4, 37, 37), **kw), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(shared, oracle_attention_naive(q, k, v, score_bias=bias, **kw),
+                               rtol=1e-12, atol=1e-12)
+
+
 def test_future_keys_do_not_change_the_past():
     q, k, v = _qkv()
     out = oracle_attention(q, k, v, scale=0.3, budget=4)
