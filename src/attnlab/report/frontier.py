@@ -181,7 +181,9 @@ def frontier_table(points: Sequence[Mapping[str, Any]], decode_batch: int = DECO
                      f"{_fmt(p.get('ppl_ratio'), '.3f', p.get('ppl_inconclusive', False))} | "
                      f"{passkey} | {_fmt(p.get('decode_speedup'), '.2f')} | "
                      f"{_fmt(p.get('prefill_speedup'), '.2f')} |")
-    if any(p.get("ppl_inconclusive") or p.get("passkey_inconclusive") for p in points):
+    if any(p.get("ppl_inconclusive") or any(
+            c["inconclusive"] for c in p.get("passkey_by_protocol", {}).values())
+           for p in points):  # any starred cell, under any protocol
         lines += ["", "\\* inconclusive: a perplexity of fewer tokens than asked, or passkey "
                       "cells of fewer prompts than `attnlab long-context` calls sure."]
     return "\n".join(lines)
