@@ -34,7 +34,13 @@ import triton.language as tl
 from torch import Tensor
 
 from attnlab.ops.sparse_attention.pages import PageSelection
-from attnlab.ops.sparse_attention.triton_select import select_best_pages
+from attnlab.ops.sparse_attention.triton_select import (
+    distance_buckets,
+    head_page_logits,
+    head_probabilities,
+    row_pages,
+    select_best_pages,
+)
 
 _TL_ACC = {torch.float32: tl.float32, torch.float64: tl.float64}
 
@@ -141,48 +147,20 @@ def _best_pages_kernel(
     b = tl.program_id(2).to(tl.int64)
     pp = tl.arange(0, P_BLOCK)
     q = _group_queries(q_ptr, b, h, t, group, d_qk, sq_b, sq_h, sq_t, ACC, G, D)
-    rank = tl.load(rank_ptr + b * sr_b + t)
-    valid = rank >= 0  # a padded query reads nothing
-    rank = tl.maximum(rank, 0)
-    own = rank // page
-    n_real = tl.load(n_real_ptr + b)
-    readable = tl.minimum((n_real + page - 1) // page, n_pages)
-    if causal:
-        readable = tl.minimum(readable, own + 1)
-        limit = rank + 1
-    else:
-        limit = n_real
-    forced = (pp < sink_pages) | ((pp <= own) & (pp > own - local_pages))
-    candidate = (pp < tl.where(valid, readable, 0)) & (forced == 0)
-    if HAS_BIAS:  # floor(log2(distance + 1)), at most n_buckets - 1, in integers
-        distance = tl.abs(own - pp) + 1
-        bucket = tl.zeros([P_BLOCK], tl.int64)
-        for i in range(1, n_buckets):
-            bucket += ((distance >> i) > 0).to(tl.int64)
+    valid, rank, own, n_real, readable, candidate = row_pages(
+        rank_ptr, n_real_ptr, b, t, sr_b, page, n_pages, sink_pages, local_pages, causal,
+        P_BLOCK)
+    limit = tl.where(causal != 0, rank + 1, n_real)
+    bucket = distance_buckets(own, pp, n_buckets, P_BLOCK)  # shared by the group's heads
     mass = tl.zeros([P_BLOCK], ACC)
     for j in range(0, group):
         head = h * group + j
-        if HEAD_FEATURES:
-            feat_row = feat_ptr + b * sf_b + head * sf_h
-        else:
-            feat_row = feat_ptr + b * sf_b + h * sf_h
-        logits = tl.zeros([P_BLOCK], ACC)
-        for f0 in range(0, n_features, FC):
-            f = f0 + tl.arange(0, FC)
-            qf = tl.load(qf_ptr + b * sqf_b + head * sqf_h + t * sqf_t + f,
-                         mask=f < n_features, other=0.0).to(ACC)
-            feat = tl.load(feat_row + pp[:, None] * sf_p + f[None, :],
-                           mask=candidate[:, None] & (f[None, :] < n_features),
-                           other=0.0).to(ACC)
-            logits += tl.sum(feat * qf[None, :], axis=1)
-        logits = logits * scale
-        if HAS_BIAS:
-            logits += tl.load(bias_ptr + head * n_buckets + bucket).to(ACC)
-        logits = tl.where(candidate, logits, float("-inf"))
-        top = tl.max(logits, axis=0)
-        top = tl.where(top == float("-inf"), 0.0, top)  # no candidate: no -inf - -inf
-        weights = tl.where(candidate, tl.exp(logits - top), 0.0)
-        mass += weights / tl.maximum(tl.sum(weights, axis=0), 1e-30)
+        feat_head = head if HEAD_FEATURES else h
+        logits = head_page_logits(
+            qf_ptr + b * sqf_b + head * sqf_h + t * sqf_t,
+            feat_ptr + b * sf_b + feat_head * sf_h, pp, candidate, bucket,
+            bias_ptr + head * n_buckets, n_features, sf_p, scale, HAS_BIAS, ACC, P_BLOCK, FC)
+        mass += head_probabilities(logits, candidate)
     m = tl.full([G], float("-inf"), ACC)
     total = tl.zeros([G], ACC)
     acc = tl.zeros([G, DV], ACC)

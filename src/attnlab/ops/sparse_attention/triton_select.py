@@ -10,7 +10,9 @@ turns them into the group's choice exactly as the fused kernel does (a softmax p
 over the candidate pages, summed over the group; the ``n_top`` best sums, ties to the lower
 page, beside the sinks and the local pages). The result is a
 :class:`~attnlab.ops.sparse_attention.pages.PageSelection` that the block-table kernel
-attends over. Forward only, no host in the loop; tested on CPU under ``TRITON_INTERPRET=1``.
+attends over. The parts both paths share live here: a row's candidate pages, a head's page
+logits and their softmax. Forward only, no host in the loop; tested on CPU under
+``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,65 @@ from attnlab.ops.sparse_attention.pages import PageSelection, row_limits
 
 CHUNK_PAGES = 128
 """Pages a logit program scores."""
+
+
+@triton.jit
+def row_pages(rank_ptr, n_real_ptr, b, t, sr_b, page, n_pages, sink_pages, local_pages,
+              causal, NP: tl.constexpr):
+    """What row t of batch row b may read: ``valid`` (not a padded query), its rank (0 when
+    padded) and own page, its real keys, the pages it may read, and the candidate pages
+    ``[NP]`` (readable, neither a sink nor a local page)."""
+    pp = tl.arange(0, NP)
+    rank = tl.load(rank_ptr + b * sr_b + t)
+    valid = rank >= 0
+    rank = tl.maximum(rank, 0)
+    own = rank // page
+    n_real = tl.load(n_real_ptr + b)
+    readable = tl.minimum((n_real + page - 1) // page, n_pages)
+    if causal:
+        readable = tl.minimum(readable, own + 1)
+    forced = (pp < sink_pages) | ((pp <= own) & (pp > own - local_pages))
+    candidate = (pp < tl.where(valid, readable, 0)) & (forced == 0)
+    return valid, rank, own, n_real, readable, candidate
+
+
+@triton.jit
+def distance_buckets(own, pp, n_buckets, NP: tl.constexpr):
+    """floor(log2(|own - p| + 1)), at most ``n_buckets - 1``, of pages pp, in integers."""
+    distance = tl.abs(own - pp) + 1
+    bucket = tl.zeros([NP], tl.int64)
+    for i in range(1, n_buckets):
+        bucket += ((distance >> i) > 0).to(tl.int64)
+    return bucket
+
+
+@triton.jit
+def head_page_logits(qf_row, feat_row, pp, read, bucket, bias_row, n_features, sf_p, scale,
+                     HAS_BIAS: tl.constexpr, ACC: tl.constexpr, NP: tl.constexpr,
+                     FC: tl.constexpr):
+    """One head's logits of pages pp ``[NP]`` (read where ``read``): ``scale * qf . feat``
+    over ``n_features`` in chunks of FC, plus its bias of each page's distance bucket."""
+    logits = tl.zeros([NP], ACC)
+    for f0 in range(0, n_features, FC):
+        f = f0 + tl.arange(0, FC)
+        qf = tl.load(qf_row + f, mask=f < n_features, other=0.0).to(ACC)
+        feat = tl.load(feat_row + pp[:, None] * sf_p + f[None, :],
+                       mask=read[:, None] & (f[None, :] < n_features), other=0.0).to(ACC)
+        logits += tl.sum(feat * qf[None, :], axis=1)
+    logits = logits * scale
+    if HAS_BIAS:
+        logits += tl.load(bias_row + bucket, mask=read, other=0.0).to(ACC)
+    return logits
+
+
+@triton.jit
+def head_probabilities(logits, candidate):
+    """One head's softmax over its candidate pages (0 elsewhere; all 0 without one)."""
+    logits = tl.where(candidate, logits, float("-inf"))
+    top = tl.max(logits, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # no candidate: no -inf - -inf
+    weights = tl.where(candidate, tl.exp(logits - top), 0.0)
+    return weights / tl.maximum(tl.sum(weights, axis=0), 1e-30)
 
 
 @triton.jit
@@ -41,26 +102,12 @@ def _page_logits_kernel(
     head = pid // n_chunks
     pp = (pid % n_chunks) * CP + tl.arange(0, CP)
     inside = pp < n_pages
-    if HEAD_FEATURES:
-        feat_row = feat_ptr + b * sf_b + head * sf_h
-    else:
-        feat_row = feat_ptr + b * sf_b + (head // group) * sf_h
-    logits = tl.zeros([CP], ACC)
-    for f0 in range(0, n_features, FC):
-        f = f0 + tl.arange(0, FC)
-        qf = tl.load(qf_ptr + b * sqf_b + head * sqf_h + t * sqf_t + f,
-                     mask=f < n_features, other=0.0).to(ACC)
-        feat = tl.load(feat_row + pp[:, None] * sf_p + f[None, :],
-                       mask=inside[:, None] & (f[None, :] < n_features), other=0.0).to(ACC)
-        logits += tl.sum(feat * qf[None, :], axis=1)
-    logits = logits * scale
-    if HAS_BIAS:  # floor(log2(distance + 1)), at most n_buckets - 1, in integers
-        own = tl.maximum(tl.load(rank_ptr + b * sr_b + t), 0) // page
-        distance = tl.abs(own - pp) + 1
-        bucket = tl.zeros([CP], tl.int64)
-        for i in range(1, n_buckets):
-            bucket += ((distance >> i) > 0).to(tl.int64)
-        logits += tl.load(bias_ptr + head * n_buckets + bucket, mask=inside, other=0.0).to(ACC)
+    feat_head = head if HEAD_FEATURES else head // group
+    own = tl.maximum(tl.load(rank_ptr + b * sr_b + t), 0) // page
+    logits = head_page_logits(
+        qf_ptr + b * sqf_b + head * sqf_h + t * sqf_t, feat_ptr + b * sf_b + feat_head * sf_h,
+        pp, inside, distance_buckets(own, pp, n_buckets, CP), bias_ptr + head * n_buckets,
+        n_features, sf_p, scale, HAS_BIAS, ACC, CP, FC)
     tl.store(logits_ptr + b * sl_b + head * sl_h + t * sl_t + pp, logits, mask=inside)
 
 
@@ -77,23 +124,14 @@ def _choose_pages_kernel(
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     pp = tl.arange(0, P_BLOCK)
-    rank = tl.load(rank_ptr + b * sr_b + t)
-    valid = rank >= 0  # a padded query reads nothing
-    rank = tl.maximum(rank, 0)
-    own = rank // page
-    readable = tl.minimum((tl.load(n_real_ptr + b) + page - 1) // page, n_pages)
-    if causal:
-        readable = tl.minimum(readable, own + 1)
-    forced = (pp < sink_pages) | ((pp <= own) & (pp > own - local_pages))
-    candidate = (pp < tl.where(valid, readable, 0)) & (forced == 0)
+    valid, rank, own, n_real, readable, candidate = row_pages(
+        rank_ptr, n_real_ptr, b, t, sr_b, page, n_pages, sink_pages, local_pages, causal,
+        P_BLOCK)
     mass = tl.zeros([P_BLOCK], ACC)
     for j in range(0, group):
         logits = tl.load(logits_ptr + b * sl_b + (h * group + j) * sl_h + t * sl_t + pp,
                          mask=candidate, other=float("-inf"))
-        top = tl.max(logits, axis=0)
-        top = tl.where(top == float("-inf"), 0.0, top)  # no candidate: no -inf - -inf
-        weights = tl.where(candidate, tl.exp(logits - top), 0.0)
-        mass += weights / tl.maximum(tl.sum(weights, axis=0), 1e-30)
+        mass += head_probabilities(logits, candidate)
     row = pages_ptr + b * sp_b + h * sp_h + t * sp_t
     for p in range(0, sink_pages):
         tl.store(row + p, tl.where(valid & (p < readable), p, -1))
