@@ -54,6 +54,14 @@ perplexity_full() {  # length, budget, lean|main|pages|all: the issue's perplexi
     "${V[@]}" --json "$OUT/ppl-$1-b$2-t65536.json"
 }
 
+budget_2048_rest() {  # block top-k and sea_pages at pages of 8 at 8k, budget 2048 (the
+                      # windows of ppl-8192-b2048.json, which lacks them)
+  "${A[@]}" --tasks perplexity --lengths 8192 --ppl-tokens "${PPL_TOKENS:-16384}" \
+    --variant original --variant "{name: block, budget: 2048}" \
+    --variant "{name: sea_pages, budget: 2048, page: 8, estimators: smollm2-135m-p8}" \
+    --json "$OUT/ppl-8192-b2048-rest.json"
+}
+
 page_oracles() {  # what the page size costs at 8k, budget 256: the page oracle at pages of
                   # 16 and 8 keys (the windows of ppl-8192-b256)
   "${A[@]}" --tasks perplexity --lengths 8192 --ppl-tokens "${PPL_TOKENS:-16384}" \
@@ -165,7 +173,7 @@ STEPS=("perplexity 8192 256 16384 all" "passkey 8192" "perplexity 8192 1024 8192
        "passkey_sparse_256 8192" page_oracle_4 "passkey_sparse_1024 8192"
        pages_of_4 features_bf16 passkey_sparse_p4 "pages_of_4 4096" "pages_of_4 2048"
        "passkey_full 8192" "passkey_full 4096" "passkey_full 2048" "perplexity_full 8192 256 all"
-       "perplexity_full 8192 1024 lean")
+       "perplexity_full 8192 1024 lean" budget_2048_rest)
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step
