@@ -67,6 +67,8 @@ def per_document(result: dict) -> list[dict]:
 
 def main() -> None:
     torch.set_num_threads(1)
+    if len(sys.argv) > 2 and Path(sys.argv[2]).resolve() == Path(sys.argv[1]).resolve():
+        raise SystemExit("per_document.py: OUT.json is the input file; give another path")
     result = json.loads(Path(sys.argv[1]).read_text())
     rows = per_document(result)
     documents = list(dict.fromkeys(r["document"] for r in rows))
