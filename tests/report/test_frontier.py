@@ -154,7 +154,7 @@ def test_the_plot_draws_what_was_measured_and_labels_what_tells_variants_apart(m
               {"variant": "quest 128", "core": "quest", "keys_per_row": 128,
                "seq_len": 2048, "ppl_ratio": 1.4}]
     plot_frontier(points, 2048, tmp_path / "f.png")
-    assert labels == ["oracle 256 (a ceiling, never timed)", "all", "p8 256"]
+    assert labels == ["oracle 256 (most attention kept, never timed)", "all", "p8 256"]
     assert lines == [1.02]  # quest 128 has no speed: not drawn, counted in the title
 
 

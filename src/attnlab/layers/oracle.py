@@ -9,7 +9,8 @@ dense attention), so it measures quality, never speed. ``group``:
   group's query heads (softmax per head over its allowed keys, score bias included), and
   every query head of the group attends (exact softmax) to exactly those keys. The mass kept,
   summed over the group's heads, is additive over keys, so these ``k`` keys keep more of it
-  than any other ``k``: no selector reading ``k`` keys per KV head per row does better.
+  than any other ``k``: no selector reading ``k`` keys per KV head per row keeps more (a
+  bound on the mass kept per layer, not on perplexity, which a selector can tie).
 * ``"head"``: ``k`` keys per query head, each its own top scores (a GQA group reads up to
   ``(H / Hk) * k`` keys per KV head);
 * ``"heads"``: as SEA's ``topk_group="heads"``, a row's ``H * k`` best (head, key) raw
@@ -84,5 +85,6 @@ class OracleCore(AttentionCore):
 
 @CORES.register("oracle", OracleOptions, score_bias=True, budget=("k",), marker="^")
 def _oracle(ctx: LayerContext, options: OracleOptions, dropout: float) -> OracleCore:
-    """Exact attention over each row's k keys of most attention: the ceiling of key selection."""
+    """Exact attention over each row's k keys of most attention: the most any selection of k
+    keys keeps."""
     return OracleCore(options, ctx.causal)

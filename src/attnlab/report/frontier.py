@@ -239,7 +239,7 @@ def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
             for p in unmeasured:
                 if p["core"] == "oracle" and p.get(qkey) is not None:
                     ax.axhline(p[qkey], color="grey", lw=1, ls="--")
-                    ax.annotate(f"{p['variant']} (a ceiling, never timed)", (1, p[qkey]),
+                    ax.annotate(f"{p['variant']} (most attention kept, never timed)", (1, p[qkey]),
                                 xycoords=("axes fraction", "data"), xytext=(-3, 3),
                                 textcoords="offset points", fontsize=7, color="grey",
                                 ha="right")

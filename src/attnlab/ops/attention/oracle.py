@@ -2,7 +2,9 @@
 
 An evaluation-only upper bound for key selectors such as SEA: with the same budget of keys
 per row, no selector can keep more of the attention than the oracle does (it still computes
-every score, O(Tq * Tk)). Grouping (:data:`GROUPS`):
+every score, O(Tq * Tk)). It bounds the attention mass kept in each layer, not the model's
+perplexity: layers interact and perplexity is not monotone in the mass kept, so a selector
+can tie it in perplexity or come marginally below. Grouping (:data:`GROUPS`):
 
 * ``"kv"`` (the ceiling): per KV head and query row, the ``k`` keys with the largest
   attention probability summed over the KV head's query heads (softmax per query head over
