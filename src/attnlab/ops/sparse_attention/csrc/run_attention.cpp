@@ -127,89 +127,91 @@ template <typename S, typename T>
 class RowAttention {
  public:
   RowAttention(const Inputs<S, T>& in, int64_t max_width)
-      : in_(in), acc_(in.H * in.Dv), top_(in.H), total_(in.H), q_(in.D),
-        score_(std::max<int64_t>(max_width, 1)), pos_(std::max<int64_t>(max_width, 1)) {}
+      : in_(in), acc_(in.H * in.Dv), top_(in.H), total_(in.H), q_(in.H * in.D),
+        widened_(in.H), score_(std::max<int64_t>(max_width, 1)),
+        pos_(std::max<int64_t>(max_width, 1)) {}
 
   void begin(int64_t b, int64_t t) {
     b_ = b;
     t_ = t;
-    q_head_ = -1;
+    std::fill(widened_.begin(), widened_.end(), 0);
     std::fill(top_.begin(), top_.end(), none());
     std::fill(total_.begin(), total_.end(), T(0));
     std::fill(acc_.begin(), acc_.end(), T(0));
   }
 
+  // room for n key positions; the caller fills positions()[0, n) and calls attend
+  int64_t* positions(int64_t n) {
+    if (n > static_cast<int64_t>(pos_.size())) pos_.resize(n);
+    return pos_.data();
+  }
+
   // n keys of the w ranks from `start`, attended by query head h
   void add_run(int64_t h, int64_t start, int64_t n, int64_t w) {
     if (n <= 0) return;
-    if (n > static_cast<int64_t>(score_.size())) {
-      score_.resize(n);
-      pos_.resize(n);
-    }
-    const Inputs<S, T>& in = in_;
-    const int64_t kv_head = h / (in.H / in.Hk);
-    const S* kh = in.k + b_ * in.ks[0] + kv_head * in.ks[1];
-    const S* vh = in.v + b_ * in.vs[0] + kv_head * in.vs[1];
-    if (q_head_ != h) {  // the head's query row, widened once
-      const S* qr = in.q + ((b_ * in.H + h) * in.Tq + t_) * in.D;
-      for (int64_t i = 0; i < in.D; ++i) q_[i] = widen(qr[i]);
-      q_head_ = h;
-    }
-    const T* qr = q_.data();
+    int64_t* pos = positions(n);
     for (int64_t o = 0; o < n; ++o) {
       const int64_t rank = start + (n == w ? o : (o * w) / n);
-      pos_[o] = in.rank_to_pos ? in.rank_to_pos[b_ * in.Tk + rank] : rank;
+      pos[o] = in_.rank_to_pos ? in_.rank_to_pos[b_ * in_.Tk + rank] : rank;
     }
-    // scores four keys at a time
+    attend(h, h + 1, n);
+  }
+
+  // The keys at positions()[0, n) (key positions, not ranks), attended by query heads
+  // [h_lo, h_hi) of one KV head: each key row is loaded once for all of them.
+  void attend(int64_t h_lo, int64_t h_hi, int64_t n) {
+    if (n <= 0) return;
+    const Inputs<S, T>& in = in_;
+    const int64_t heads = h_hi - h_lo, kv_head = h_lo / (in.H / in.Hk);
+    if (heads * n > static_cast<int64_t>(score_.size())) score_.resize(heads * n);
+    const S* kh = in.k + b_ * in.ks[0] + kv_head * in.ks[1];
+    const S* vh = in.v + b_ * in.vs[0] + kv_head * in.vs[1];
+    const int64_t* pos = pos_.data();
+    for (int64_t h = h_lo; h < h_hi; ++h) {  // each head's query row, widened once per row
+      if (widened_[h]) continue;
+      const S* qr = in.q + ((b_ * in.H + h) * in.Tq + t_) * in.D;
+      for (int64_t i = 0; i < in.D; ++i) q_[h * in.D + i] = widen(qr[i]);
+      widened_[h] = 1;
+    }
+    // scores four keys at a time, every head per four keys (score row j: head h_lo + j)
     T* score = score_.data();
     int64_t o = 0;
     for (; o + 4 <= n; o += 4) {
-      const int64_t* at = pos_.data() + o;
-      dot4(qr, kh + at[0] * in.ks[2], kh + at[1] * in.ks[2], kh + at[2] * in.ks[2],
-           kh + at[3] * in.ks[2], in.D, in.scale, score + o);
+      const S* k0 = kh + pos[o] * in.ks[2];
+      const S* k1 = kh + pos[o + 1] * in.ks[2];
+      const S* k2 = kh + pos[o + 2] * in.ks[2];
+      const S* k3 = kh + pos[o + 3] * in.ks[2];
+      for (int64_t j = 0; j < heads; ++j)
+        dot4(q_.data() + (h_lo + j) * in.D, k0, k1, k2, k3, in.D, in.scale, score + j * n + o);
     }
-    for (; o < n; ++o) score[o] = in.scale * dot(qr, kh + pos_[o] * in.ks[2], in.D);
-    if (in.slopes) {
-      const T slope = in.slopes[h], qp = in.q_pos[t_];
-      for (o = 0; o < n; ++o) {
-        const T distance = qp - in.k_pos[pos_[o]];
-        score[o] -= slope * (in.symmetric ? std::abs(distance) : distance);
-      }
-    }
-    T cell_top = none();
-    for (o = 0; o < n; ++o) cell_top = score[o] > cell_top ? score[o] : cell_top;
-    T* a = acc_.data() + h * in.Dv;
-    if (cell_top > top_[h]) {  // refer the head's running sums to the new maximum
-      const T shrink = top_[h] == none() ? T(0) : std::exp(top_[h] - cell_top);
-      total_[h] *= shrink;
-#pragma omp simd
-      for (int64_t i = 0; i < in.Dv; ++i) a[i] *= shrink;
-      top_[h] = cell_top;
-    }
-    const T top = top_[h];
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (o = 0; o < n; ++o) {
-      score[o] = exp_nonpositive(score[o] - top);
-      sum += score[o];
-    }
-    total_[h] += sum;
+    for (; o < n; ++o)
+      for (int64_t j = 0; j < heads; ++j)
+        score[j * n + o] =
+            in.scale * dot(q_.data() + (h_lo + j) * in.D, kh + pos[o] * in.ks[2], in.D);
+    for (int64_t j = 0; j < heads; ++j) softmax_merge(h_lo + j, score + j * n, n);
     // values four keys at a time: a quarter of the accumulator loads and stores
     for (o = 0; o + 4 <= n; o += 4) {
-      const S* v0 = vh + pos_[o] * in.vs[2];
-      const S* v1 = vh + pos_[o + 1] * in.vs[2];
-      const S* v2 = vh + pos_[o + 2] * in.vs[2];
-      const S* v3 = vh + pos_[o + 3] * in.vs[2];
-      const T p0 = score[o], p1 = score[o + 1], p2 = score[o + 2], p3 = score[o + 3];
+      const S* v0 = vh + pos[o] * in.vs[2];
+      const S* v1 = vh + pos[o + 1] * in.vs[2];
+      const S* v2 = vh + pos[o + 2] * in.vs[2];
+      const S* v3 = vh + pos[o + 3] * in.vs[2];
+      for (int64_t j = 0; j < heads; ++j) {
+        const T* p = score + j * n + o;
+        const T p0 = p[0], p1 = p[1], p2 = p[2], p3 = p[3];
+        T* a = acc_.data() + (h_lo + j) * in.Dv;
 #pragma omp simd
-      for (int64_t i = 0; i < in.Dv; ++i)
-        a[i] += p0 * widen(v0[i]) + p1 * widen(v1[i]) + p2 * widen(v2[i]) + p3 * widen(v3[i]);
+        for (int64_t i = 0; i < in.Dv; ++i)
+          a[i] += p0 * widen(v0[i]) + p1 * widen(v1[i]) + p2 * widen(v2[i]) + p3 * widen(v3[i]);
+      }
     }
     for (; o < n; ++o) {
-      const S* vr = vh + pos_[o] * in.vs[2];
-      const T p = score[o];
+      const S* vr = vh + pos[o] * in.vs[2];
+      for (int64_t j = 0; j < heads; ++j) {
+        const T p = score[j * n + o];
+        T* a = acc_.data() + (h_lo + j) * in.Dv;
 #pragma omp simd
-      for (int64_t i = 0; i < in.Dv; ++i) a[i] += p * widen(vr[i]);
+        for (int64_t i = 0; i < in.Dv; ++i) a[i] += p * widen(vr[i]);
+      }
     }
   }
 
@@ -231,10 +233,43 @@ class RowAttention {
   // "No key yet" is `lowest`, not -inf, so nothing depends on infinities.
   static constexpr T none() { return std::numeric_limits<T>::lowest(); }
 
+  // Head h's scores of n keys (ALiBi's penalty added) into its running softmax: the sums
+  // referred to the new maximum, the scores replaced by their exp(score - maximum).
+  void softmax_merge(int64_t h, T* score, int64_t n) {
+    const Inputs<S, T>& in = in_;
+    if (in.slopes) {
+      const T slope = in.slopes[h], qp = in.q_pos[t_];
+      for (int64_t o = 0; o < n; ++o) {
+        const T distance = qp - in.k_pos[pos_[o]];
+        score[o] -= slope * (in.symmetric ? std::abs(distance) : distance);
+      }
+    }
+    T cell_top = none();
+    for (int64_t o = 0; o < n; ++o) cell_top = score[o] > cell_top ? score[o] : cell_top;
+    T* a = acc_.data() + h * in.Dv;
+    if (cell_top > top_[h]) {  // refer the head's running sums to the new maximum
+      const T shrink = top_[h] == none() ? T(0) : std::exp(top_[h] - cell_top);
+      total_[h] *= shrink;
+#pragma omp simd
+      for (int64_t i = 0; i < in.Dv; ++i) a[i] *= shrink;
+      top_[h] = cell_top;
+    }
+    const T top = top_[h];
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t o = 0; o < n; ++o) {
+      score[o] = exp_nonpositive(score[o] - top);
+      sum += score[o];
+    }
+    total_[h] += sum;
+  }
+
   const Inputs<S, T>& in_;
-  std::vector<T> acc_, top_, total_, q_, score_;
+  std::vector<T> acc_, top_, total_, q_;
+  std::vector<char> widened_;
+  std::vector<T> score_;
   std::vector<int64_t> pos_;
-  int64_t b_ = 0, t_ = 0, q_head_ = -1;
+  int64_t b_ = 0, t_ = 0;
 };
 
 template <typename S, typename T>
@@ -350,81 +385,118 @@ struct PageScores {
   T logit_scale;
 };
 
+// Query rows whose page logits are computed together, so that each page's features are read
+// once for all of them (a prefill's rows; a decoding step has one row per sequence).
+constexpr int64_t kLogitRows = 8;
+
+// scale * q[r] . feat[p] for the pages [0, n_pages) and `rows` rows (q[r] at q + r * F) into
+// out[r * out_stride + p]. Every logit comes from the same dot4 slot arithmetic (the last
+// group of four repeats the last page), so a page's logit does not depend on which rows and
+// pages shared its call: a decoding step selects exactly as the full pass.
+template <typename T, typename FS>
+void page_logits(const T* q, int64_t rows, const FS* feat, int64_t f_stride, int64_t n_pages,
+                 int64_t F, T scale, T* out, int64_t out_stride) {
+  T four[4];
+  for (int64_t p = 0; p < n_pages; p += 4) {
+    const FS* f[4];
+    for (int64_t i = 0; i < 4; ++i) f[i] = feat + std::min(p + i, n_pages - 1) * f_stride;
+    const int64_t m = std::min<int64_t>(4, n_pages - p);
+    for (int64_t r = 0; r < rows; ++r) {
+      dot4(q + r * F, f[0], f[1], f[2], f[3], F, scale, four);
+      std::copy(four, four + m, out + r * out_stride + p);
+    }
+  }
+}
+
 // A page selector's selection and attention in one pass, per (row, KV group): each head's
 // page logits logit_scale * qf[h] . feat[p] (+ bias[h, bucket(|own - p|)]) over the candidate
 // pages (holding real keys, not after the query's own page when causal, not forced), a softmax
 // per head summed over the group's heads, the n_top best sums kept beside the forced pages
 // (the first sink_pages, and the local_pages up to the query's own); then each head of the
 // group attends to the kept pages' keys (ranks below the query's own + 1 when causal).
+// Work items are (kLogitRows rows, KV group): their logits first, then row by row.
 template <typename S, typename T, typename FS>
 void page_attention(const Inputs<S, T>& in, const PageScores<FS, T>& ps, int n_threads) {
-  const int64_t per = in.H / in.Hk;
+  const int64_t per = in.H / in.Hk, rows = std::min(kLogitRows, in.Tq);
+  const int64_t blocks = (in.Tq + rows - 1) / rows;
+  // the pages a query of rank `rank` in sequence b may read
+  auto readable_of = [&](int64_t b, int64_t rank) {
+    const int64_t readable = std::min((ps.n_real[b] + ps.page - 1) / ps.page, ps.P);
+    return ps.causal ? std::min(readable, rank / ps.page + 1) : readable;
+  };
 #pragma omp parallel num_threads(n_threads)
   {
     RowAttention<S, T> row_attention(in, ps.page);
-    std::vector<T> logit(ps.P), mass(ps.P);
+    std::vector<T> logits(rows * per * ps.P), logit(ps.P), mass(ps.P);
     std::vector<int64_t> order(ps.P), bucket(ps.bias ? ps.P : 0);
     std::vector<uint64_t> sort_keys(ps.P);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < in.B * in.Tq * in.Hk; ++item) {
-      const int64_t row = item / in.Hk, g = item % in.Hk;
-      const int64_t b = row / in.Tq, t = row % in.Tq, rank = ps.q_rank[row];
-      row_attention.begin(b, t);
-      if (rank >= 0) {
-        const int64_t own = rank / ps.page, limit = ps.causal ? rank + 1 : ps.n_real[b];
-        int64_t readable = std::min((ps.n_real[b] + ps.page - 1) / ps.page, ps.P);
-        if (ps.causal) readable = std::min(readable, own + 1);
-        auto forced = [&](int64_t p) {
-          return p < ps.sink_pages || (p <= own && p > own - ps.local_pages);
-        };
-        int64_t n = 0;
-        for (int64_t p = 0; p < readable; ++p)
-          if (!forced(p)) order[n++] = p;
-        std::fill(mass.begin(), mass.begin() + readable, T(0));
-        if (ps.bias)  // a candidate's distance bucket, shared by the group's heads
-          for (int64_t c = 0; c < n; ++c)
-            bucket[c] = distance_bucket(std::abs(own - order[c]), ps.n_buckets);
-        for (int64_t j = 0; j < per && n > 0; ++j) {
-          const int64_t h = g * per + j, hf = ps.Hf == in.H ? h : g;
-          const T* qh = ps.qf + ((b * in.H + h) * in.Tq + t) * ps.F;
-          const FS* fh = ps.feat + b * ps.fs[0] + hf * ps.fs[1];
-          int64_t c = 0;
-          for (; c + 4 <= n; c += 4) {  // four pages at a time, as the keys' scores
-            const int64_t* p = order.data() + c;
-            dot4(qh, fh + p[0] * ps.fs[2], fh + p[1] * ps.fs[2], fh + p[2] * ps.fs[2],
-                 fh + p[3] * ps.fs[2], ps.F, ps.logit_scale, logit.data() + c);
-          }
-          for (; c < n; ++c) logit[c] = ps.logit_scale * dot(qh, fh + order[c] * ps.fs[2], ps.F);
-          if (ps.bias) {
-            const T* bias_h = ps.bias + h * ps.n_buckets;
-            for (c = 0; c < n; ++c) logit[c] += bias_h[bucket[c]];
-          }
-          T top = std::numeric_limits<T>::lowest();
-          for (c = 0; c < n; ++c) top = std::max(top, logit[c]);
-          T sum = 0;
+    for (int64_t item = 0; item < in.B * blocks * in.Hk; ++item) {
+      const int64_t g = item % in.Hk, b = item / in.Hk / blocks;
+      const int64_t t0 = (item / in.Hk % blocks) * rows, t1 = std::min(t0 + rows, in.Tq);
+      int64_t n_pages = 0;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t rank = ps.q_rank[b * in.Tq + t];
+        if (rank >= 0) n_pages = std::max(n_pages, readable_of(b, rank));
+      }
+      for (int64_t j = 0; j < per; ++j) {  // row r, head j: logits[(r * per + j) * P + page]
+        const int64_t h = g * per + j, hf = ps.Hf == in.H ? h : g;
+        page_logits(ps.qf + ((b * in.H + h) * in.Tq + t0) * ps.F, t1 - t0,
+                    ps.feat + b * ps.fs[0] + hf * ps.fs[1], ps.fs[2], n_pages, ps.F,
+                    ps.logit_scale, logits.data() + j * ps.P, per * ps.P);
+      }
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t rank = ps.q_rank[b * in.Tq + t];
+        row_attention.begin(b, t);
+        if (rank >= 0) {
+          const int64_t own = rank / ps.page, limit = ps.causal ? rank + 1 : ps.n_real[b];
+          const int64_t readable = readable_of(b, rank);
+          auto forced = [&](int64_t p) {
+            return p < ps.sink_pages || (p <= own && p > own - ps.local_pages);
+          };
+          int64_t n = 0;
+          for (int64_t p = 0; p < readable; ++p)
+            if (!forced(p)) order[n++] = p;
+          std::fill(mass.begin(), mass.begin() + readable, T(0));
+          if (ps.bias)  // a candidate's distance bucket, shared by the group's heads
+            for (int64_t c = 0; c < n; ++c)
+              bucket[c] = distance_bucket(std::abs(own - order[c]), ps.n_buckets);
+          for (int64_t j = 0; j < per && n > 0; ++j) {
+            const int64_t h = g * per + j;
+            const T* row_logits = logits.data() + ((t - t0) * per + j) * ps.P;
+            for (int64_t c = 0; c < n; ++c) logit[c] = row_logits[order[c]];
+            if (ps.bias) {
+              const T* bias_h = ps.bias + h * ps.n_buckets;
+              for (int64_t c = 0; c < n; ++c) logit[c] += bias_h[bucket[c]];
+            }
+            T top = std::numeric_limits<T>::lowest();
+            for (int64_t c = 0; c < n; ++c) top = std::max(top, logit[c]);
+            T sum = 0;
 #pragma omp simd reduction(+ : sum)
-          for (c = 0; c < n; ++c) {
-            logit[c] = exp_nonpositive(logit[c] - top);
-            sum += logit[c];
+            for (int64_t c = 0; c < n; ++c) {
+              logit[c] = exp_nonpositive(logit[c] - top);
+              sum += logit[c];
+            }
+            const T inverse = T(1) / sum;
+            for (int64_t c = 0; c < n; ++c) mass[order[c]] += logit[c] * inverse;
           }
-          const T inverse = T(1) / sum;
-          for (c = 0; c < n; ++c) mass[order[c]] += logit[c] * inverse;
-        }
-        const int64_t keep = std::min(ps.n_top, n);
-        if (keep < n) keep_best(order, mass, n, keep, sort_keys);
-        for (int64_t j = 0; j < per; ++j) {
-          const int64_t h = g * per + j;
+          const int64_t keep = std::min(ps.n_top, n);
+          if (keep < n) keep_best(order, mass, n, keep, sort_keys);
+          // the kept pages' keys, once for the group's heads
+          int64_t* pos = row_attention.positions((readable + keep) * ps.page);
+          int64_t n_keys = 0;
           auto add = [&](int64_t p) {
-            const int64_t lo = p * ps.page;
-            const int64_t count = std::clamp<int64_t>(limit - lo, 0, ps.page);
-            row_attention.add_run(h, lo, count, count);
+            const int64_t lo = p * ps.page, hi = std::min(limit, lo + ps.page);
+            for (int64_t r = lo; r < hi; ++r)
+              pos[n_keys++] = in.rank_to_pos ? in.rank_to_pos[b * in.Tk + r] : r;
           };
           for (int64_t p = 0; p < readable; ++p)
             if (forced(p)) add(p);
           for (int64_t c = 0; c < keep; ++c) add(order[c]);
+          row_attention.attend(g * per, (g + 1) * per, n_keys);
         }
+        row_attention.finish(g * per, (g + 1) * per);
       }
-      row_attention.finish(g * per, (g + 1) * per);
     }
   }
 }
