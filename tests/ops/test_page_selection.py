@@ -218,3 +218,32 @@ def test_float32_keys_with_bfloat16_features_run_the_kernel_of_that_pair(monkeyp
     assert used[-1] == "attnlab_page_attention_f32_bf16"
     ref = attend_best_pages_reference(*(x.double() for x in (q, k, v)), **kw)
     assert_close("float32 keys, bfloat16 features", ref, out.double(), TOLERANCE[torch.float32])
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [F64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page", [3, 4, 8, 16])
+@pytest.mark.parametrize("t_q", [70, 1], ids=["prefill", "step"])
+def test_the_page_kernel_reads_keys_transposed_or_in_place_as_the_reference(dtype, page, t_q):
+    """A long prefill scores its keys from a copy transposed per page (the common page sizes
+    with their own code), a step reads them in place: both equal the reference, padded."""
+    t, heads, kv_heads = 70, 6, 2
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(B, heads, t_q, D, generator=gen, dtype=F64).to(dtype)
+    k, v = (torch.randn(B, kv_heads, t, D, generator=gen, dtype=F64).to(dtype)
+            for _ in range(2))
+    mask = torch.ones(B, t, dtype=torch.bool)
+    mask[0, :5] = False
+    ranks = (mask.long().cumsum(-1) - 1).masked_fill(~mask, -1)
+    scorer = SCORERS["quest"]
+    features = scorer.features(summarize(k.to(torch.promote_types(dtype, torch.float32)),
+                                         torch.where(ranks >= 0, ranks // page, -1),
+                                         -(-t // page)))
+    kw = dict(scorer=scorer, features=features, q_ranks=ranks[:, t - t_q:],
+              n_real=mask.sum(-1), budget=3 * page, page=page, sink_pages=1, local_pages=1,
+              causal=True, scale=0.4, rank_to_pos=rank_positions(mask))
+    ref = attend_best_pages_reference(*(x.double() for x in (q, k, v)), **kw)
+    out = attend_best_pages(q, k, v, **kw)
+    # float32: 32 of its epsilons (sums over up to 48 keys, and the kernel's exp within 3e-7)
+    tolerance = 32 * torch.finfo(dtype).eps if dtype == torch.float32 else TOLERANCE[dtype]
+    assert_close("page kernel", ref, out.double(), tolerance)

@@ -47,6 +47,8 @@ COMPUTE = {torch.float32: torch.float32, torch.float64: torch.float64,
 # bfloat16 beside float32 keys (half the bytes a step scores)
 _PAGE_KERNELS = {**{(dtype, dtype): suffix for dtype, suffix in DTYPES.items()},
                  (torch.float32, torch.bfloat16): "f32_bf16"}
+# keys a page kernel's rows read, per key held, from which it reads them transposed per page
+TRANSPOSE_READS = 4
 
 
 def _cpu_fingerprint() -> str:
@@ -102,9 +104,9 @@ def _library() -> ctypes.CDLL | None:
     for suffix in _PAGE_KERNELS.values():
         pages = getattr(lib, f"attnlab_page_attention_{suffix}")
         # qf feat fs, Hf P F, bias, n_buckets, q_rank n_real, page sinks local n_top, causal,
-        # logit_scale, threads
+        # logit_scale, transposed keys, threads
         pages.argtypes = inputs + [ptr] * 3 + [i64] * 3 + [ptr, i64] + [ptr] * 2 + [i64] * 4 + [
-            i32, dbl, i32]
+            i32, dbl, ptr, i32]
         pages.restype = None
     return lib
 
@@ -225,10 +227,16 @@ def page_attention_native(
     table = None if bias is None else bias.detach().to(compute).contiguous()
     ranks, counts = (x.to(torch.int64).contiguous() for x in (q_rank, n_real))
     b, h_kv, t_q = q.shape[0], k.shape[1], q.shape[2]
+    # a long prefill scores its keys from a copy transposed per page (a page's scores are then
+    # lanes of one product, no sum across lanes per key), which the kernel fills: worth its
+    # one pass over the keys where the rows read many times as many keys as there are
+    reads = t_q * (q.shape[1] // h_kv) * (n_top + sink_pages + local_pages) * page
+    transposed = (k.new_zeros(b, h_kv, feats.shape[2], k.shape[-1], page)
+                  if reads >= TRANSPOSE_READS * k.shape[2] else None)
     getattr(_library(), f"attnlab_page_attention_{kernel or DTYPES[q.dtype]}")(
         *args, _ptr(query), _ptr(feats), strides, feats.shape[1], feats.shape[2],
         feats.shape[3], _ptr(table), 0 if table is None else table.shape[1], _ptr(ranks),
         _ptr(counts), page, sink_pages, local_pages, n_top, int(causal), float(scale),
-        _threads(None, b * t_q * h_kv),
+        _ptr(transposed), _threads(None, b * t_q * h_kv),
     )
     return out

@@ -162,33 +162,109 @@ class RowAttention {
   void attend(int64_t h_lo, int64_t h_hi, int64_t n) {
     if (n <= 0) return;
     const Inputs<S, T>& in = in_;
-    const int64_t heads = h_hi - h_lo, kv_head = h_lo / (in.H / in.Hk);
-    if (heads * n > static_cast<int64_t>(score_.size())) score_.resize(heads * n);
-    const S* kh = in.k + b_ * in.ks[0] + kv_head * in.ks[1];
-    const S* vh = in.v + b_ * in.vs[0] + kv_head * in.vs[1];
+    T* score = scores_of(h_lo, h_hi, n);
+    const S* kh = in.k + b_ * in.ks[0] + h_lo / (in.H / in.Hk) * in.ks[1];
     const int64_t* pos = pos_.data();
-    for (int64_t h = h_lo; h < h_hi; ++h) {  // each head's query row, widened once per row
-      if (widened_[h]) continue;
-      const S* qr = in.q + ((b_ * in.H + h) * in.Tq + t_) * in.D;
-      for (int64_t i = 0; i < in.D; ++i) q_[h * in.D + i] = widen(qr[i]);
-      widened_[h] = 1;
-    }
-    // scores four keys at a time, every head per four keys (score row j: head h_lo + j)
-    T* score = score_.data();
+    // four keys at a time, every head per four keys (score row j: head h_lo + j)
     int64_t o = 0;
     for (; o + 4 <= n; o += 4) {
       const S* k0 = kh + pos[o] * in.ks[2];
       const S* k1 = kh + pos[o + 1] * in.ks[2];
       const S* k2 = kh + pos[o + 2] * in.ks[2];
       const S* k3 = kh + pos[o + 3] * in.ks[2];
-      for (int64_t j = 0; j < heads; ++j)
-        dot4(q_.data() + (h_lo + j) * in.D, k0, k1, k2, k3, in.D, in.scale, score + j * n + o);
+      for (int64_t j = h_lo; j < h_hi; ++j)
+        dot4(q_.data() + j * in.D, k0, k1, k2, k3, in.D, in.scale, score + (j - h_lo) * n + o);
     }
     for (; o < n; ++o)
-      for (int64_t j = 0; j < heads; ++j)
-        score[j * n + o] =
-            in.scale * dot(q_.data() + (h_lo + j) * in.D, kh + pos[o] * in.ks[2], in.D);
+      for (int64_t j = h_lo; j < h_hi; ++j)
+        score[(j - h_lo) * n + o] =
+            in.scale * dot(q_.data() + j * in.D, kh + pos[o] * in.ks[2], in.D);
+    softmax_and_values(h_lo, h_hi, n);
+  }
+
+  // As attend, with the scores from keys transposed per page: kt [pages, D, page] of this
+  // row's sequence and KV head; the keys at positions()[0, n) are the first counts[i] keys of
+  // pages[i], in that order. A page's scores are then `page` lanes of one product per query
+  // head, with no horizontal sum per key.
+  void attend_pages(int64_t h_lo, int64_t h_hi, const S* kt, int64_t page,
+                    const int64_t* pages, const int64_t* counts, int64_t n_pages, int64_t n) {
+    if (n <= 0) return;
+    const Inputs<S, T>& in = in_;
+    T* score = scores_of(h_lo, h_hi, n);
+    for (int64_t j = h_lo; j < h_hi; ++j) {
+      T* out = score + (j - h_lo) * n;
+      for (int64_t i = 0; i < n_pages; ++i) {
+        const S* tile = kt + pages[i] * in.D * page;
+        const T* q = q_.data() + j * in.D;
+        switch (page) {  // the common page sizes keep their lanes in registers
+          case 4: page_scores<4>(q, tile, in.D, in.scale, counts[i], out); break;
+          case 8: page_scores<8>(q, tile, in.D, in.scale, counts[i], out); break;
+          case 16: page_scores<16>(q, tile, in.D, in.scale, counts[i], out); break;
+          default:
+            for (int64_t e = 0; e < counts[i]; ++e) {
+              T acc = 0;
+              for (int64_t d = 0; d < in.D; ++d) acc += q[d] * widen(tile[d * page + e]);
+              out[e] = in.scale * acc;
+            }
+        }
+        out += counts[i];
+      }
+    }
+    softmax_and_values(h_lo, h_hi, n);
+  }
+
+  // writes heads [h_lo, h_hi) of the row (all by default)
+  void finish(int64_t h_lo = 0, int64_t h_hi = -1) {
+    const Inputs<S, T>& in = in_;
+    if (h_hi < 0) h_hi = in.H;
+    for (int64_t h = h_lo; h < h_hi; ++h) {
+      const int64_t row = (b_ * in.H + h) * in.Tq + t_;
+      S* o_row = in.out + row * in.Dv;
+      const T factor =
+          total_[h] > 0 ? (in.row_scale ? in.row_scale[row] : T(1)) / total_[h] : T(0);
+      const T* a = acc_.data() + h * in.Dv;
+      for (int64_t i = 0; i < in.Dv; ++i) store(o_row + i, a[i] * factor);
+    }
+  }
+
+ private:
+  // scale * q . k of `count` keys (lanes) of one page transposed [D, PAGE] into out
+  template <int64_t PAGE>
+  static void page_scores(const T* q, const S* tile, int64_t D, T scale, int64_t count, T* out) {
+    T acc[PAGE] = {};
+    for (int64_t d = 0; d < D; ++d) {
+      const T x = q[d];
+      const S* row = tile + d * PAGE;
+#pragma omp simd
+      for (int64_t e = 0; e < PAGE; ++e) acc[e] += x * widen(row[e]);
+    }
+    for (int64_t e = 0; e < count; ++e) out[e] = scale * acc[e];
+  }
+
+  // room for the scores of heads [h_lo, h_hi) over n keys, their query rows widened
+  T* scores_of(int64_t h_lo, int64_t h_hi, int64_t n) {
+    const Inputs<S, T>& in = in_;
+    const int64_t needed = (h_hi - h_lo) * n;
+    if (needed > static_cast<int64_t>(score_.size())) score_.resize(needed);
+    for (int64_t h = h_lo; h < h_hi; ++h) {  // each head's query row, widened once per row
+      if (widened_[h]) continue;
+      const S* qr = in.q + ((b_ * in.H + h) * in.Tq + t_) * in.D;
+      for (int64_t i = 0; i < in.D; ++i) q_[h * in.D + i] = widen(qr[i]);
+      widened_[h] = 1;
+    }
+    return score_.data();
+  }
+
+  // The scores of heads [h_lo, h_hi) over the keys at positions()[0, n) into their running
+  // softmax, then the values weighted.
+  void softmax_and_values(int64_t h_lo, int64_t h_hi, int64_t n) {
+    const Inputs<S, T>& in = in_;
+    const int64_t heads = h_hi - h_lo;
+    const S* vh = in.v + b_ * in.vs[0] + h_lo / (in.H / in.Hk) * in.vs[1];
+    const int64_t* pos = pos_.data();
+    T* score = score_.data();
     for (int64_t j = 0; j < heads; ++j) softmax_merge(h_lo + j, score + j * n, n);
+    int64_t o;
     // values four keys at a time: a quarter of the accumulator loads and stores
     for (o = 0; o + 4 <= n; o += 4) {
       const S* v0 = vh + pos[o] * in.vs[2];
@@ -215,21 +291,6 @@ class RowAttention {
     }
   }
 
-  // writes heads [h_lo, h_hi) of the row (all by default)
-  void finish(int64_t h_lo = 0, int64_t h_hi = -1) {
-    const Inputs<S, T>& in = in_;
-    if (h_hi < 0) h_hi = in.H;
-    for (int64_t h = h_lo; h < h_hi; ++h) {
-      const int64_t row = (b_ * in.H + h) * in.Tq + t_;
-      S* o_row = in.out + row * in.Dv;
-      const T factor =
-          total_[h] > 0 ? (in.row_scale ? in.row_scale[row] : T(1)) / total_[h] : T(0);
-      const T* a = acc_.data() + h * in.Dv;
-      for (int64_t i = 0; i < in.Dv; ++i) store(o_row + i, a[i] * factor);
-    }
-  }
-
- private:
   // "No key yet" is `lowest`, not -inf, so nothing depends on infinities.
   static constexpr T none() { return std::numeric_limits<T>::lowest(); }
 
@@ -415,10 +476,27 @@ void page_logits(const T* q, int64_t rows, const FS* feat, int64_t f_stride, int
 // (the first sink_pages, and the local_pages up to the query's own); then each head of the
 // group attends to the kept pages' keys (ranks below the query's own + 1 when causal).
 // Work items are (kLogitRows rows, KV group): their logits first, then row by row.
+// kt, when not null: room for the keys transposed per page, [B, Hk, P, D, page], zeroed; the
+// keys are copied there first and scored from it (the caller passes it for a long prefill,
+// whose rows read many times as many keys as there are; a step reads its keys in place).
 template <typename S, typename T, typename FS>
-void page_attention(const Inputs<S, T>& in, const PageScores<FS, T>& ps, int n_threads) {
+void page_attention(const Inputs<S, T>& in, const PageScores<FS, T>& ps, S* kt,
+                    int n_threads) {
   const int64_t per = in.H / in.Hk, rows = std::min(kLogitRows, in.Tq);
   const int64_t blocks = (in.Tq + rows - 1) / rows;
+  if (kt) {
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int64_t item = 0; item < in.B * in.Hk * ps.P; ++item) {
+      const int64_t b = item / (in.Hk * ps.P), g = item / ps.P % in.Hk, p = item % ps.P;
+      S* tile = kt + item * in.D * ps.page;
+      const int64_t hi = std::min(ps.n_real[b], (p + 1) * ps.page);
+      for (int64_t r = p * ps.page; r < hi; ++r) {
+        const int64_t at = in.rank_to_pos ? in.rank_to_pos[b * in.Tk + r] : r;
+        const S* key = in.k + b * in.ks[0] + g * in.ks[1] + at * in.ks[2];
+        for (int64_t d = 0; d < in.D; ++d) tile[d * ps.page + r - p * ps.page] = key[d];
+      }
+    }
+  }
   // the pages a query of rank `rank` in sequence b may read
   auto readable_of = [&](int64_t b, int64_t rank) {
     const int64_t readable = std::min((ps.n_real[b] + ps.page - 1) / ps.page, ps.P);
@@ -428,7 +506,7 @@ void page_attention(const Inputs<S, T>& in, const PageScores<FS, T>& ps, int n_t
   {
     RowAttention<S, T> row_attention(in, ps.page);
     std::vector<T> logits(rows * per * ps.P), logit(ps.P), mass(ps.P);
-    std::vector<int64_t> order(ps.P), bucket(ps.bias ? ps.P : 0);
+    std::vector<int64_t> order(ps.P), bucket(ps.bias ? ps.P : 0), kept(ps.P), counts(ps.P);
     std::vector<uint64_t> sort_keys(ps.P);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < in.B * blocks * in.Hk; ++item) {
@@ -484,16 +562,24 @@ void page_attention(const Inputs<S, T>& in, const PageScores<FS, T>& ps, int n_t
           if (keep < n) keep_best(order, mass, n, keep, sort_keys);
           // the kept pages' keys, once for the group's heads
           int64_t* pos = row_attention.positions((readable + keep) * ps.page);
-          int64_t n_keys = 0;
+          int64_t n_keys = 0, n_kept = 0;
           auto add = [&](int64_t p) {
             const int64_t lo = p * ps.page, hi = std::min(limit, lo + ps.page);
             for (int64_t r = lo; r < hi; ++r)
               pos[n_keys++] = in.rank_to_pos ? in.rank_to_pos[b * in.Tk + r] : r;
+            kept[n_kept] = p;
+            counts[n_kept++] = std::max<int64_t>(hi - lo, 0);
           };
           for (int64_t p = 0; p < readable; ++p)
             if (forced(p)) add(p);
           for (int64_t c = 0; c < keep; ++c) add(order[c]);
-          row_attention.attend(g * per, (g + 1) * per, n_keys);
+          if (!kt) {
+            row_attention.attend(g * per, (g + 1) * per, n_keys);
+          } else {
+            const S* tiles = kt + (b * in.Hk + g) * ps.P * in.D * ps.page;
+            row_attention.attend_pages(g * per, (g + 1) * per, tiles, ps.page, kept.data(),
+                                       counts.data(), n_kept, n_keys);
+          }
         }
         row_attention.finish(g * per, (g + 1) * per);
       }
@@ -538,11 +624,11 @@ extern "C" {
       ATTNLAB_INPUTS(S, T), const T* qf, const FS* feat, const int64_t* fs, int64_t Hf,      \
       int64_t P, int64_t F, const T* bias, int64_t n_buckets, const int64_t* q_rank,          \
       const int64_t* n_real, int64_t page, int64_t sink_pages, int64_t local_pages,           \
-      int64_t n_top, int causal, double logit_scale, int n_threads) {                         \
+      int64_t n_top, int causal, double logit_scale, S* kt, int n_threads) {                   \
     const PageScores<FS, T> scores{qf,   feat,       fs,          Hf,    P,      F,          \
                                 bias,    n_buckets,  q_rank,      n_real, page,  sink_pages, \
                                 local_pages, n_top,  causal,      T(logit_scale)};            \
-    page_attention<S, T, FS>(ATTNLAB_PACK(S, T), scores, n_threads);                         \
+    page_attention<S, T, FS>(ATTNLAB_PACK(S, T), scores, kt, n_threads);                     \
   }
 
 ATTNLAB_ENTRY_POINTS(f32, float, float)
