@@ -96,7 +96,15 @@ budgets() {  # batch 1 at 8k, float32, at budgets 128, 256 and 512: the frontier
     --steps 8 --reps 3 --json "$OUT/decode-b1-budgets.json"
 }
 
-STEPS=(decode_b1 decode_b8 prefill busy decode_b8_rerun llama_cpp int8 budgets int8_bf16 features_bf16 pages_of_4)
+prefill_kernel() {  # prefill (one 8k prompt, float32) after the native kernel's prefill
+                   # changes: a KV group's heads read each kept key once, a block of 8 rows
+                   # each page's features once, a long prefill its keys transposed per page
+  "${A[@]}" --dtypes float32 --seq-lens 8192 --batches 1 --prefill-batches 1 --steps 2 \
+    --reps 3 --json "$OUT/prefill-8192-kernel.json"
+}
+
+STEPS=(decode_b1 decode_b8 prefill busy decode_b8_rerun llama_cpp int8 budgets int8_bf16
+       features_bf16 pages_of_4 prefill_kernel)
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step
