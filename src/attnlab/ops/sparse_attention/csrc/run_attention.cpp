@@ -18,7 +18,8 @@
 //   edge(b) = round_half_away(b * L / K), thinned to at most `cap` keys.
 //
 // Reads K and V rows in place (a cell's keys are contiguous when count == width), so nothing
-// is gathered into memory. K and V may be strided views (e.g. the filled part of a reserved KV
+// is gathered into memory (except that a long page prefill may score its keys from a
+// transposed copy the caller provides: see page_attention). K and V may be strided views (e.g. the filled part of a reserved KV
 // cache): ks / vs give their batch, head and token strides; a row of D values is contiguous.
 // q, k, v and the output are float32, float64 or bfloat16 (stored as its 16 bits; scores,
 // softmax and sums then run in float32). Rows are split across OpenMP threads. No torch headers: the Python side
