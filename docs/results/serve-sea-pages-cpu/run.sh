@@ -103,8 +103,16 @@ prefill_kernel() {  # prefill (one 8k prompt, float32) after the native kernel's
     --reps 3 --json "$OUT/prefill-8192-kernel.json"
 }
 
+decode_kernel() {  # float32 at 8k, batch 1 and 8, after the same changes: Quest and
+                   # sea_pages beside the original (does the decoding step keep its speed?)
+  "${A[@]:0:10}" --core "{name: quest, budget: 256}" \
+    --core "{name: sea_pages, budget: 256, estimators: smollm2-135m}" \
+    --dtypes float32 --seq-lens 8192 --batches 1,8 --prefill-batches '' --steps 4 --reps 3 \
+    --json "$OUT/decode-kernel.json"
+}
+
 STEPS=(decode_b1 decode_b8 prefill busy decode_b8_rerun llama_cpp int8 budgets int8_bf16
-       features_bf16 pages_of_4 prefill_kernel)
+       features_bf16 pages_of_4 prefill_kernel decode_kernel)
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step
