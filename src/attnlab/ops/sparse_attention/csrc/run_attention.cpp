@@ -19,10 +19,11 @@
 //
 // Reads K and V rows in place (a cell's keys are contiguous when count == width), so nothing
 // is gathered into memory (except that a long page prefill may score its keys from a
-// transposed copy the caller provides: see page_attention). K and V may be strided views (e.g. the filled part of a reserved KV
-// cache): ks / vs give their batch, head and token strides; a row of D values is contiguous.
-// q, k, v and the output are float32, float64 or bfloat16 (stored as its 16 bits; scores,
-// softmax and sums then run in float32). Rows are split across OpenMP threads. No torch headers: the Python side
+// transposed copy the caller provides: see page_attention). K and V may be strided views
+// (e.g. the filled part of a reserved KV cache): ks / vs give their batch, head and token
+// strides; a row of D values is contiguous. q, k, v and the output are float32, float64 or
+// bfloat16 (stored as its 16 bits; scores, softmax and sums then run in float32). Rows are
+// split across OpenMP threads. No torch headers: the Python side
 // (attnlab/ops/sparse_attention/native.py) passes raw pointers of contiguous tensors.
 #include <algorithm>
 #include <cmath>
@@ -121,6 +122,11 @@ struct Inputs {
   const C* q_pos;   // [Tq]
   const C* k_pos;   // [Tk]
   int symmetric;
+
+  // the position of sequence b's key of rank `rank` among its real keys
+  int64_t position(int64_t b, int64_t rank) const {
+    return rank_to_pos ? rank_to_pos[b * Tk + rank] : rank;
+  }
 };
 
 // Online softmax of one query row over runs of keys, per head (scratch reused across rows).
@@ -153,7 +159,7 @@ class RowAttention {
     int64_t* pos = positions(n);
     for (int64_t o = 0; o < n; ++o) {
       const int64_t rank = start + (n == w ? o : (o * w) / n);
-      pos[o] = in_.rank_to_pos ? in_.rank_to_pos[b_ * in_.Tk + rank] : rank;
+      pos[o] = in_.position(b_, rank);
     }
     attend(h, h + 1, n);
   }
@@ -492,8 +498,7 @@ void page_attention(const Inputs<S, T>& in, const PageScores<FS, T>& ps, S* kt,
       S* tile = kt + item * in.D * ps.page;
       const int64_t hi = std::min(ps.n_real[b], (p + 1) * ps.page);
       for (int64_t r = p * ps.page; r < hi; ++r) {
-        const int64_t at = in.rank_to_pos ? in.rank_to_pos[b * in.Tk + r] : r;
-        const S* key = in.k + b * in.ks[0] + g * in.ks[1] + at * in.ks[2];
+        const S* key = in.k + b * in.ks[0] + g * in.ks[1] + in.position(b, r) * in.ks[2];
         for (int64_t d = 0; d < in.D; ++d) tile[d * ps.page + r - p * ps.page] = key[d];
       }
     }
@@ -567,7 +572,7 @@ void page_attention(const Inputs<S, T>& in, const PageScores<FS, T>& ps, S* kt,
           auto add = [&](int64_t p) {
             const int64_t lo = p * ps.page, hi = std::min(limit, lo + ps.page);
             for (int64_t r = lo; r < hi; ++r)
-              pos[n_keys++] = in.rank_to_pos ? in.rank_to_pos[b * in.Tk + r] : r;
+              pos[n_keys++] = in.position(b, r);
             kept[n_kept] = p;
             counts[n_kept++] = std::max<int64_t>(hi - lo, 0);
           };
