@@ -14,6 +14,7 @@ Variants the serve run did not measure keep their quality figures and get no spe
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 DECODE_BATCH = 1
 """The decode batch whose speed the frontier plots (one user, the hardest case for SEA)."""
+
+ORACLE_DASHES = ((5, 2), (2, 2), (8, 2, 2, 2), (1, 1))
+"""Dash patterns that tell the oracle's horizontal lines apart, in turn."""
 
 
 def _speed_key(core: str | None, options: Mapping[str, Any]) -> tuple:
@@ -214,9 +218,9 @@ def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
     against speed (decode; prefill speedup over the original, each where measured) at
     ``seq_len``: one marker per variant, labelled with its keys per row (and what else
     tells it from its core's other variants, and its passkey protocol where the points
-    mix protocols); the oracle (no fast path, never timed) is a
-    dashed line at its quality; other variants without a measured speed are counted under
-    the panels (the report's table has them). Needs matplotlib."""
+    mix protocols); the oracle (no fast path, never timed) is a dashed line at its quality,
+    named with its value in the legend; other variants without a measured speed are counted
+    under the panels (the report's table has them). Needs matplotlib."""
     mine = [p for p in points if p["seq_len"] == seq_len]
     tasks = (("ppl_ratio", "perplexity x original (lower is better)"),
              ("passkey", "passkey accuracy (higher is better)"))
@@ -236,13 +240,12 @@ def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
             qlabel = f"passkey accuracy, {protocols[0]} (higher is better)"
         for j, (skey, slabel) in enumerate(cols):
             ax = grid[i][j]
-            for p in unmeasured:
-                if p["core"] == "oracle" and p.get(qkey) is not None:
-                    ax.axhline(p[qkey], color="grey", lw=1, ls="--")
-                    ax.annotate(f"{p['variant']} (most attention kept, never timed)", (1, p[qkey]),
-                                xycoords=("axes fraction", "data"), xytext=(-3, 3),
-                                textcoords="offset points", fontsize=7, color="grey",
-                                ha="right")
+            # the oracle's lines lie close together: named in the legend, not beside the line
+            oracles = [p for p in unmeasured if p["core"] == "oracle" and p.get(qkey) is not None]
+            for p, dashes in zip(oracles, itertools.cycle(ORACLE_DASHES)):
+                ax.axhline(p[qkey], color="grey", lw=1, dashes=dashes,
+                           label=f"{p['variant']}: {p[qkey]:.3f} (most attention kept, "
+                                 "never timed)")
             for core in dict.fromkeys(p["core"] for p in mine):
                 pts = [p for p in mine if p["core"] == core and p.get(qkey) is not None
                        and p.get(skey) is not None]
@@ -261,8 +264,8 @@ def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
             ax.set_xlabel(slabel)
             ax.set_ylabel(qlabel)
             ax.grid(alpha=0.3)
-            if i == 0 and j == 0 and ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=8)
+            if (oracles or (i == 0 and j == 0)) and ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
     title = title or f"quality against speed at {seq_len} tokens"
     if others := [p for p in unmeasured if p["core"] != "oracle"]:
         title += f"\n(not drawn: {len(others)} variant(s) with no measured speed; see the table)"
