@@ -78,7 +78,7 @@ def test_long_context_measures_a_plugin_core(plugin, tmp_path, capsys):
 
 def test_the_report_draws_a_plugin_core_with_its_marker(plugin):
     from attnlab.cli.plugins import import_plugins
-    from attnlab.report.frontier import marker
+    from attnlab.report.frontier_plots import marker
 
     import_plugins([plugin])
     assert marker("my_window") == "p"

@@ -9,7 +9,8 @@ import logging
 import pytest
 
 from attnlab.report import build_report, collect
-from attnlab.report.frontier import frontier_points, frontier_table, merged, plot_frontier
+from attnlab.report.frontier import frontier_points, frontier_table, merged
+from attnlab.report.frontier_plots import plot_frontier
 from attnlab.results import Record, fill_ratios, write_json
 
 FINGERPRINT = "0123456789ab"

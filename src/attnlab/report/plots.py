@@ -1,7 +1,7 @@
 """The report's PNG plots: MACs against measured time, and SEA's dynamic-k x query-skip grid.
 
 Quality curves are drawn by :mod:`attnlab.report.curves`, the frontier by
-:mod:`attnlab.report.frontier`.
+:mod:`attnlab.report.frontier_plots`.
 """
 
 from __future__ import annotations
