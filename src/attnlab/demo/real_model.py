@@ -181,16 +181,10 @@ SMOLLM2 = RealModel(
     # the window's prefill overtakes the original from 2048 on this machine, its decoding
     # from 4096 (docs/results/demo-real-model-cpu)
     serve_lens=(2048, 4096, 8192), serve_reps=3,
-    # no distillation: the quality and serving steps. In the first 45-minute demo
-    # (docs/results/demo-real-model-cpu; its Performer probe 133 ms) the quality step of
-    # three variants took 3 min and the serving benchmark of SEA and the window 7.5; the
-    # quality step of four variants ~9 min (sea_pages and quest ~2x the original's time
-    # before their one-call kernel, docs/results/long-context-selectors-cpu), the serving
-    # benchmark of the window alone ~5.5, of which the original ~3.2; sea_pages and quest
-    # each cost ~1.15x the window (8k prefill 19.0-19.6 s against 16.7 s,
-    # docs/results/serve-sea-pages-cpu): ~20 min, 1200 s at the reference probe's 170 ms,
-    # rounded up
-    reference_s=1500.0,
+    # no distillation: the quality and serving steps of the original, sea_pages, Quest and
+    # the window took 989 s in the published 45-minute demo (docs/results/demo-real-model-cpu,
+    # its Performer probe 148 ms): 1134 s at the reference probe's 170 ms, rounded up
+    reference_s=1200.0,
 )
 """SmolLM2-135M-Instruct."""
 

@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the real-model stage: SEA's page selection (sea_pages, the "
                              "shipped SmolLM2-135M estimators) against the original, Quest and "
                              "a sliding window at one key budget, quality and serving speed at "
-                             "long context (~20 min on 2 cores); auto = on from "
+                             "long context (~17 min on 2 cores); auto = on from "
                              f"--budget-minutes {REAL_MODEL_MINUTES:.0f}")
     parser.add_argument("--smoke", action="store_true",
                         help="toy sizes, every stage in seconds (for tests)")
