@@ -29,6 +29,7 @@ from attnlab.results.serve import summarize
 
 logger = logging.getLogger(__name__)
 
+
 def _speed_key(core: str | None, options: Mapping[str, Any]) -> tuple:
     """``(core, keys per row, page size)``: what sets a core's speed (None for the original;
     page None for a core without pages)."""

@@ -104,8 +104,8 @@ def plot_frontier(points: Sequence[Mapping[str, Any]], seq_len: int,
 def plot_budget(curves: Mapping[str, Sequence[tuple[int, float, Any]]],
                 path: str | os.PathLike[str], title: str) -> Path:
     """Perplexity ratio against the budget (keys per query token per KV head, log axis),
-    one line per variant name (:func:`budget_curves`), 95% intervals as error bars. Needs
-    matplotlib."""
+    one line per variant name (:func:`attnlab.report.frontier.budget_curves`), 95% intervals
+    as error bars. Needs matplotlib."""
     fig, ax = new_figure(1, width=6.4, height=4.4)
     for name, pts in curves.items():
         budgets = [p[0] for p in pts]
