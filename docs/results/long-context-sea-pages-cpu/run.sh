@@ -174,7 +174,8 @@ STEPS=("perplexity 8192 256 16384 all" "passkey 8192" "perplexity 8192 1024 8192
        pages_of_4 features_bf16 passkey_sparse_p4 "pages_of_4 4096" "pages_of_4 2048"
        "passkey_full 8192" "passkey_full 4096" "passkey_full 2048" "perplexity_full 8192 256 all"
        "perplexity_full 8192 1024 lean" budget_2048_rest "perplexity_full 2048 256 all"
-       "passkey_sparse_full 2048" "perplexity_full 4096 256 all")
+       "passkey_sparse_full 2048" "perplexity_full 4096 256 all"
+       "perplexity_full 8192 512 lean")
 if [ $# -gt 0 ]; then STEPS=("$@"); fi
 for step in "${STEPS[@]}"; do
   $step
